@@ -1,0 +1,1 @@
+"""Experiment entry points: python -m experiments.<name> --config configs/<name>.yaml."""
