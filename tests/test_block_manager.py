@@ -1,0 +1,117 @@
+"""Block manager: exact block counts after every operation, copy-on-write, swap, bad input."""
+
+import numpy as np
+import pytest
+
+from jpaged.block_manager import AllocStatus, BlockManager
+
+
+def make(num_blocks=11, block_size=4, host=6, max_model_len=64, watermark=0.0):
+    return BlockManager(num_blocks, block_size, host, max_model_len, watermark=watermark, max_seqs=2)
+
+
+def test_allocate_append_free_exact_counts():
+    bm = make()
+    assert bm.num_free_blocks == 10  # block 0 reserved
+    row = bm.allocate(1, 5)  # 5 tokens -> 2 blocks
+    assert bm.num_free_blocks == 8
+    assert 0 not in bm.block_table(1)
+    np.testing.assert_array_equal(bm.slot_mapping(row, 0, 5),
+                                  [bm.block_table(1)[p // 4] * 4 + p % 4 for p in range(5)])
+    rows = np.array([row])
+    for expected_free in (8, 8, 8, 7):  # positions 5, 6, 7 fit in block 2's slots; 8 opens block 3
+        slots, pairs = bm.append_slots(rows)
+        assert pairs == []
+        assert bm.num_free_blocks == expected_free
+    assert bm.num_tokens[row] == 9
+    bm.free(1)
+    assert bm.num_free_blocks == 10
+    assert bm.refcount.sum() == 0
+
+
+def test_fork_shares_and_copy_on_write():
+    bm = make()
+    bm.allocate(1, 6)  # 2 blocks, last one half full
+    bm.fork(1, 2)
+    assert bm.num_free_blocks == 8
+    shared_last = bm.block_table(1)[-1]
+    assert bm.refcount[shared_last] == 2
+    slots, pairs = bm.append_slots(np.array([bm.row_of(1), bm.row_of(2)]))
+    # The first writer copies; the second then owns the original alone and writes in place.
+    assert len(pairs) == 1 and pairs[0][0] == shared_last
+    assert bm.num_free_blocks == 7
+    assert bm.refcount[shared_last] == 1 and bm.refcount[pairs[0][1]] == 1
+    assert slots[0] // 4 != slots[1] // 4
+    assert bm.block_table(1)[0] == bm.block_table(2)[0] and bm.refcount[bm.block_table(1)[0]] == 2
+    bm.free(1)
+    bm.free(2)
+    assert bm.num_free_blocks == 10
+
+
+def test_swap_out_and_in_keep_sharing():
+    bm = make()
+    bm.allocate(1, 6)
+    bm.fork(1, 2)
+    assert bm.can_swap_out([1, 2])
+    pairs = bm.swap_out([1, 2])
+    assert len(pairs) == 2  # two distinct blocks, shared ones copied once
+    assert bm.num_free_blocks == 10 and bm.num_free_host_blocks == 4
+    assert bm.is_swapped(1) and not bm.has_seq(1)
+    back = bm.swap_in([1, 2])
+    assert len(back) == 2 and bm.num_free_host_blocks == 6 and bm.num_free_blocks == 8
+    assert list(bm.block_table(1)) == list(bm.block_table(2))
+    assert all(bm.refcount[b] == 2 for b in bm.block_table(1))
+    bm.free(1)
+    bm.free(2)
+    assert bm.num_free_blocks == 10
+
+
+def test_can_allocate_watermark_and_never():
+    bm = make(num_blocks=11, watermark=0.2)  # 2 blocks of watermark
+    assert bm.can_allocate(4 * 8) is AllocStatus.OK
+    assert bm.can_allocate(4 * 9) is AllocStatus.NEVER  # would eat into the watermark even on an empty pool
+    bm.allocate(1, 4 * 5)
+    assert bm.can_allocate(4 * 4) is AllocStatus.LATER
+    assert bm.can_allocate(65) is AllocStatus.NEVER  # longer than max_model_len
+
+
+def test_bad_input_raises_and_leaves_state_unchanged():
+    bm = make(host=0)
+    bm.allocate(1, 5)
+    before = (bm.num_free_blocks, bm.refcount.copy(), bm.block_tables.copy())
+    with pytest.raises(ValueError, match="need 11 blocks"):
+        bm.allocate(2, 44)
+    with pytest.raises(ValueError, match="max_model_len"):
+        bm.allocate(2, 65)
+    with pytest.raises(ValueError, match="already holds"):
+        bm.allocate(1, 3)
+    with pytest.raises(KeyError, match="unknown or already freed"):
+        bm.free(7)
+    with pytest.raises(ValueError, match="cannot fork onto"):
+        bm.fork(1, 1)
+    with pytest.raises(ValueError, match="no swap space"):
+        bm.swap_out([1])
+    assert not bm.can_swap_out([1])
+    after = (bm.num_free_blocks, bm.refcount, bm.block_tables)
+    assert before[0] == after[0]
+    np.testing.assert_array_equal(before[1], after[1])
+    np.testing.assert_array_equal(before[2], after[2])
+    bm.free(1)
+    with pytest.raises(KeyError, match="already freed"):
+        bm.free(1)
+
+
+def test_rows_grow_beyond_initial_capacity():
+    bm = make()
+    for s in range(5):
+        bm.allocate(s, 1)
+    assert len({bm.row_of(s) for s in range(5)}) == 5
+    assert bm.num_free_blocks == 5
+
+
+def test_token_slots_count_shared_blocks_once():
+    bm = make()
+    bm.allocate(1, 6)
+    bm.fork(1, 2)
+    tokens, allocated = bm.token_slots_in_use()
+    assert (tokens, allocated) == (6, 8)
