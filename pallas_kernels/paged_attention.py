@@ -6,7 +6,14 @@ Sequence `b` owns the tokens `0 .. context_lens[b]-1`, stored at
 hold stale data from earlier owners (possibly NaN) and are masked so they can never reach an output.
 A padded sequence has `context_lens[b] == 0` and its output is zeros.
 
+`paged_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The grid runs
+over (sequence, KV head, split): one program serves all query heads of its KV head, so each K/V
+page is read once per group, and the context is split so that short batches still fill the GPU.
+Each split keeps a flash-style running max / sum and writes an unnormalised partial output; the
+partials are combined after the kernel. Splits past a sequence's length run zero loop iterations.
+
 `paged_attention_reference` is the plain-jnp gather + softmax; it is also the XLA path used on CPU.
+`select_impl(backend)` picks one of the two.
 """
 
 from __future__ import annotations
@@ -15,6 +22,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common import (
+    MASK_VALUE, MIN_DOT_DIM, Backend, check_knob, check_tile, next_power_of_2, resolve_backend,
+    triton_compiler_params,
+)
 
 
 def _check_shapes(q, k_pages, v_pages, block_tables, context_lens) -> None:
@@ -75,3 +88,156 @@ def paged_attention_reference(
     o = jnp.einsum("bhgl,hbld->bhgd", p, v, precision=jax.lax.Precision.HIGHEST)
     o = o / jnp.where(denom > 0, denom, 1.0)
     return o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _dot_precision(dtype) -> jax.lax.Precision:
+    # Triton runs float32 dots in TF32 unless asked for IEEE; TF32 would miss the 1e-4 target.
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def _decode_kernel(
+    lens_ref,  # i32[1]: context length of this program's sequence
+    tables_ref,  # i32[pages_per_split]: this split's slice of the sequence's block table
+    q_ref,  # [Gp, D]: the query heads of this KV head (rows >= G are zero padding)
+    k_ref,  # [N, Bs, D]: this KV head's K pool
+    v_ref,  # [N, Bs, D]: this KV head's V pool
+    o_ref,  # f32[Gp, D]: unnormalised partial output of this split
+    m_ref,  # f32[Gp]: running max of this split's scores
+    l_ref,  # f32[Gp]: softmax denominator of this split
+    *,
+    scale: float,
+    pages_per_chunk: int,
+):
+    pages_per_split = tables_ref.shape[0]
+    block_size, head_dim = k_ref.shape[1], k_ref.shape[2]
+    chunk = pages_per_chunk * block_size
+    length = lens_ref[0]
+    first_page = pl.program_id(2) * pages_per_split
+    # Pages of this split that hold tokens; 0 for an empty split, which then skips the loop.
+    num_pages = jnp.clip(pl.cdiv(length, block_size) - first_page, 0, pages_per_split)
+    q = q_ref[...]  # [Gp, D]
+    precision = _dot_precision(q.dtype)
+
+    def body(c, carry):
+        o, m, l = carry  # f32[Gp, D], f32[Gp], f32[Gp]
+        ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
+        k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        tokens = (first_page + c * pages_per_chunk) * block_size + jnp.arange(chunk)  # [P * Bs]
+        valid = tokens < length
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                                preferred_element_type=jnp.float32) * scale  # [Gp, P * Bs]
+        s = jnp.where(valid[None, :], s, MASK_VALUE)
+        # Stale slots may hold NaN: a zero probability alone would still give 0 * NaN = NaN.
+        v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
+        m_next = jnp.maximum(m, s.max(axis=1))
+        correction = jnp.exp(m - m_next)
+        p = jnp.exp(s - m_next[:, None])  # [Gp, P * Bs]
+        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)  # [Gp, D]
+        return o * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+
+    init = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full(m_ref.shape, MASK_VALUE, jnp.float32),
+            jnp.zeros(l_ref.shape, jnp.float32))
+    o, m, l = jax.lax.fori_loop(0, pl.cdiv(num_pages, pages_per_chunk), body, init)
+    o_ref[...] = o
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_k", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
+def paged_attention(
+    q: jax.Array,  # [B, Hq, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D]
+    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    block_tables: jax.Array,  # i32[B, M]
+    context_lens: jax.Array,  # i32[B]
+    *,
+    scale: float,
+    block_k: int = 64,
+    num_splits: int = 4,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+) -> jax.Array:  # [B, Hq, D]
+    """Pallas paged decode attention (see the module docstring); same contract as the reference.
+
+    Knobs: `block_k` tokens per inner step (rounded up to whole blocks; a power of two >= 16),
+    `num_splits` context splits per (sequence, KV head) (capped by the number of steps),
+    `num_warps` / `num_stages` Triton's. `interpret=True` runs the kernel on CPU.
+    """
+    _check_shapes(q, k_pages, v_pages, block_tables, context_lens)
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, num_blocks, block_size, _ = k_pages.shape
+    max_blocks = block_tables.shape[1]
+    check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
+    check_tile("block_size", block_size)
+    check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
+    check_knob("num_splits", num_splits)
+    pages_per_chunk = max(1, block_k // block_size)
+    group = num_q_heads // num_kv_heads
+    group_pad = max(MIN_DOT_DIM, next_power_of_2(group))  # Triton's dot needs >= 16 rows
+
+    num_chunks = pl.cdiv(max_blocks, pages_per_chunk)
+    splits = min(num_splits, num_chunks)
+    pages_per_split = pages_per_chunk * pl.cdiv(num_chunks, splits)
+    # Pad the table with block 0 so every chunk load stays inside it; padded pages are masked.
+    tables = jnp.pad(block_tables, ((0, 0), (0, splits * pages_per_split - max_blocks)))
+    tables = tables.reshape(batch, splits, pages_per_split)  # i32[B, S, pages_per_split]
+    # A length past the table would count padded block-0 slots as context.
+    lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[B]
+    qg = q.reshape(batch, num_kv_heads, group, head_dim)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
+
+    pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
+    o, m, l = pl.pallas_call(
+        functools.partial(_decode_kernel, scale=scale, pages_per_chunk=pages_per_chunk),
+        grid=(batch, num_kv_heads, splits),
+        in_specs=[
+            pl.BlockSpec((1,), lambda b, h, s: (b,)),
+            pl.BlockSpec((None, None, pages_per_split), lambda b, h, s: (b, s, 0)),
+            pl.BlockSpec((None, None, group_pad, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            pool_spec,
+            pool_spec,
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
+        ],
+        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="paged_decode_attention",
+    )(lens, tables, qg, k_pages, v_pages)
+    return _combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _combine_splits(
+    o: jax.Array,  # f32[B, Hkv, S, Gp, D]
+    m: jax.Array,  # f32[B, Hkv, S, Gp]
+    l: jax.Array,  # f32[B, Hkv, S, Gp]
+) -> jax.Array:  # f32[B, Hkv, Gp, D]
+    """Merge per-split softmax partials; empty splits (m = MASK_VALUE, l = 0) weigh exactly 0."""
+    m_all = m.max(axis=2, keepdims=True)  # [B, Hkv, 1, Gp]
+    weight = jnp.exp(m - m_all)  # [B, Hkv, S, Gp]
+    denom = (weight * l).sum(axis=2)  # [B, Hkv, Gp]
+    out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, Gp, D]
+    # Padded sequences (length 0) have denom 0 and o 0: their output is 0.
+    return out / jnp.where(denom > 0, denom, 1.0)[..., None]
+
+
+def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
+    """The decode attention function for `backend` ('auto' | 'pallas' | 'xla').
+
+    Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
+    context_lens, *, scale)`; Pallas knobs and `interpret` are bound here.
+    """
+    if resolve_backend(backend) == "xla":
+        return paged_attention_reference
+    return functools.partial(paged_attention, interpret=interpret, **knobs)

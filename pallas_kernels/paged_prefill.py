@@ -6,7 +6,16 @@ position `context_lens[s] - q_len + i` and attends causally to positions `<=` it
 serves a plain prompt, a prompt whose prefix is cached, chunked prefill and recompute after
 preemption. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
 
+`paged_prefill_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The
+wrapper cuts every sequence's query rows into tiles of `block_q` tokens (a tile never straddles two
+sequences) and gathers them into a dense `[tiles, Hkv, block_q * Gp, D]` array, one row per
+(token, query head of the group). The grid runs over (tile, KV head); each program streams the
+sequence's pages up to its last query position through the block table with a flash-style online
+softmax, so K/V are read once per group. Tiles past the real ones are empty and loop zero times.
+The wrapper scatters tile rows back to token order.
+
 `paged_prefill_attention_reference` is the plain-jnp version; it is also the XLA path used on CPU.
+`select_impl(backend)` picks one of the two.
 """
 
 from __future__ import annotations
@@ -15,6 +24,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common import (
+    MASK_VALUE, MIN_DOT_DIM, Backend, check_tile, next_power_of_2, resolve_backend, triton_compiler_params,
+)
 
 
 def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc) -> None:
@@ -107,3 +121,169 @@ def paged_prefill_attention_reference(
     seqs = (block_tables, context_lens, jnp.arange(block_tables.shape[0], dtype=jnp.int32))
     out, _ = jax.lax.scan(one_sequence, jnp.zeros_like(qg), seqs)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _dot_precision(dtype) -> jax.lax.Precision:
+    # Triton runs float32 dots in TF32 unless asked for IEEE; TF32 would miss the 1e-4 target.
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def _prefill_kernel(
+    meta_ref,  # i32[2]: (context length, position of the tile's first query row); length 0 = empty tile
+    tables_ref,  # i32[M_pad]: block table of the tile's sequence
+    q_ref,  # [Bq * Gp, D]: row r is token r // Gp, query head r % Gp of this KV head's group
+    k_ref,  # [N, Bs, D]: this KV head's K pool
+    v_ref,  # [N, Bs, D]: this KV head's V pool
+    o_ref,  # [Bq * Gp, D]
+    *,
+    scale: float,
+    group_pad: int,
+    pages_per_chunk: int,
+):
+    rows, head_dim = q_ref.shape
+    block_size = k_ref.shape[1]
+    chunk = pages_per_chunk * block_size
+    length, first_pos = meta_ref[0], meta_ref[1]
+    positions = first_pos + jnp.arange(rows) // group_pad  # [Bq * Gp]
+    # Causal: the tile needs keys up to its last row's position (never past the context).
+    num_keys = jnp.minimum(length, first_pos + rows // group_pad)
+    q = q_ref[...]
+    precision = _dot_precision(q.dtype)
+
+    def body(c, carry):
+        o, m, l = carry  # f32[R, D], f32[R], f32[R]
+        ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
+        k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        keys = c * chunk + jnp.arange(chunk)  # [P * Bs]
+        in_context = keys < length
+        allowed = in_context[None, :] & (keys[None, :] <= positions[:, None])  # [R, P * Bs]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                                preferred_element_type=jnp.float32) * scale  # [R, P * Bs]
+        s = jnp.where(allowed, s, MASK_VALUE)
+        # Stale slots may hold NaN: a zero probability alone would still give 0 * NaN = NaN.
+        v = jnp.where(in_context[:, None], v, jnp.zeros_like(v))
+        m_next = jnp.maximum(m, s.max(axis=1))
+        correction = jnp.exp(m - m_next)
+        p = jnp.exp(s - m_next[:, None])
+        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)  # [R, D]
+        return o * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+
+    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(num_keys, chunk), body, init)
+    o_ref[...] = (o / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
+
+
+def _tile_plan(query_start_loc, context_lens, num_tokens: int, block_q: int, num_tiles: int):
+    """Cut each sequence's query rows into tiles of `block_q`; tile i -> (sequence, first query row).
+
+    Returns `(tile_seq i32[NT], tile_row i32[NT], tile_valid bool[NT], first_tile i32[S])`, where
+    `tile_row` is the tile's first row within its sequence's query range.
+    """
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
+    tiles_per_seq = pl.cdiv(q_lens, block_q)  # i32[S]
+    tile_ends = jnp.cumsum(tiles_per_seq)  # i32[S]
+    first_tile = tile_ends - tiles_per_seq  # i32[S]
+    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
+    tile_seq = jnp.clip(jnp.searchsorted(tile_ends, tiles, side="right"), 0, q_lens.shape[0] - 1).astype(jnp.int32)
+    tile_valid = tiles < tile_ends[-1]
+    tile_row = (tiles - first_tile[tile_seq]) * block_q
+    return tile_seq, tile_row, tile_valid, first_tile
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_k", "num_warps", "num_stages",
+                                             "interpret"))
+def paged_prefill_attention(
+    q: jax.Array,  # [T, Hq, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D]
+    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    block_tables: jax.Array,  # i32[S, M]
+    context_lens: jax.Array,  # i32[S]
+    query_start_loc: jax.Array,  # i32[S + 1]
+    *,
+    scale: float,
+    block_q: int = 16,
+    block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+) -> jax.Array:  # [T, Hq, D]
+    """Pallas paged prefill attention (see the module docstring); same contract as the reference.
+
+    Knobs: `block_q` query tokens per tile (power of two; `block_q * Gp` rows must be >= 16, where
+    Gp is the GQA group padded to a power of two), `block_k` key tokens per inner step (rounded up
+    to whole blocks; a power of two >= 16), `num_warps` / `num_stages` Triton's.
+    """
+    _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, num_blocks, block_size, _ = k_pages.shape
+    num_seqs, max_blocks = block_tables.shape
+    group = num_q_heads // num_kv_heads
+    group_pad = next_power_of_2(group)
+    check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
+    check_tile("block_size", block_size)
+    check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
+    check_tile("block_q", block_q)
+    check_tile("block_q * padded GQA group", block_q * group_pad, minimum=MIN_DOT_DIM)
+    pages_per_chunk = max(1, block_k // block_size)
+    rows = block_q * group_pad
+    # Every sequence adds at most one partial tile to the dense cdiv(T, Bq).
+    num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
+
+    tile_seq, tile_row, tile_valid, first_tile = _tile_plan(query_start_loc, context_lens, num_tokens,
+                                                            block_q, num_tiles)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
+    # Clamp as the reference's mask does: a length past the table would count block-0 padding.
+    lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[S]
+    tile_len = jnp.where(tile_valid, lens[tile_seq], 0)  # i32[NT]
+    tile_pos = lens[tile_seq] - q_lens[tile_seq] + tile_row  # i32[NT]
+    meta = jnp.stack([tile_len, tile_pos], axis=1).astype(jnp.int32)  # i32[NT, 2]
+    pad_blocks = pl.cdiv(max_blocks, pages_per_chunk) * pages_per_chunk - max_blocks
+    tables = jnp.pad(block_tables, ((0, 0), (0, pad_blocks)))[tile_seq]  # i32[NT, M_pad]
+
+    # Gather query rows into tiles; rows past a sequence's range are clamped copies, discarded later.
+    token_of = query_start_loc[tile_seq][:, None] + tile_row[:, None] + jnp.arange(block_q)  # [NT, Bq]
+    qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [T, Hkv, Gp, D]
+    q_tiles = qg[jnp.clip(token_of, 0, num_tokens - 1)]  # [NT, Bq, Hkv, Gp, D]
+    q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_kv_heads, rows, head_dim)
+
+    pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda t, h: (h, 0, 0, 0))
+    row_spec = pl.BlockSpec((None, None, rows, head_dim), lambda t, h: (t, h, 0, 0))
+    o_tiles = pl.pallas_call(
+        functools.partial(_prefill_kernel, scale=scale, group_pad=group_pad, pages_per_chunk=pages_per_chunk),
+        grid=(num_tiles, num_kv_heads),
+        in_specs=[
+            pl.BlockSpec((None, 2), lambda t, h: (t, 0)),
+            pl.BlockSpec((None, tables.shape[1]), lambda t, h: (t, 0)),
+            row_spec,
+            pool_spec,
+            pool_spec,
+        ],
+        out_specs=row_spec,
+        out_shape=jax.ShapeDtypeStruct((num_tiles, num_kv_heads, rows, head_dim), q.dtype),
+        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="paged_prefill_attention",
+    )(meta, tables, q_tiles, k_pages, v_pages)
+
+    # Back to token order: token t is row (t - start) % Bq of tile first_tile[s] + (t - start) // Bq.
+    seq_ids, _, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
+    offset = jnp.arange(num_tokens) - query_start_loc[seq_ids]  # i32[T]
+    o_tiles = o_tiles.reshape(num_tiles, num_kv_heads, block_q, group_pad, head_dim)
+    out = o_tiles[first_tile[seq_ids] + offset // block_q, :, offset % block_q]  # [T, Hkv, Gp, D]
+    out = jnp.where(row_valid[:, None, None, None], out[:, :, :group], 0)
+    return out.reshape(num_tokens, num_q_heads, head_dim)
+
+
+def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
+    """The prefill attention function for `backend` ('auto' | 'pallas' | 'xla').
+
+    Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
+    context_lens, query_start_loc, *, scale)`; Pallas knobs and `interpret` are bound here.
+    """
+    if resolve_backend(backend) == "xla":
+        return paged_prefill_attention_reference
+    return functools.partial(paged_prefill_attention, interpret=interpret, **knobs)
