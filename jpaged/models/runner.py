@@ -1,0 +1,140 @@
+"""ModelRunner: the jitted paged step, `step(params, kv_pool, plan arrays) -> (logits, kv_pool)`.
+
+Two entries, one per plan shape: `prefill` (any number of query tokens per sequence, the last ones
+of its context) and `decode` (exactly one token per sequence). Both donate the KV pool, write each
+layer's new K/V through the kernels' `write_kv`, and attend through the paged kernels (Pallas) or
+their plain-jnp references (XLA). Each distinct padded shape compiles once; `num_compilations`
+counts traces so the engine can show that steady-state serving does not recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jpaged.models import decoder, layers
+from jpaged.models.kv_pool import KVPool
+from jpaged.models.presets import ModelSpec
+from pallas_kernels import cache_ops, paged_attention, paged_prefill
+
+STEP_ARRAYS = ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens",
+               "query_start_loc", "logits_indices")
+
+
+def resolve_backend(attention_backend: str) -> str:
+    """"auto" -> "pallas" on GPU, "xla" elsewhere (Pallas interpret mode is slow on CPU)."""
+    if attention_backend not in ("auto", "pallas", "xla"):
+        raise ValueError(f"attention_backend must be auto, pallas or xla, got {attention_backend!r}")
+    if attention_backend == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return attention_backend
+
+
+def step_arrays(plan: Any) -> dict[str, np.ndarray]:
+    """The seven int32 arrays of a step from a StepPlan (attributes) or a mapping with those keys."""
+    get = plan.__getitem__ if isinstance(plan, Mapping) else functools.partial(getattr, plan)
+    out = {}
+    for name in STEP_ARRAYS:
+        arr = np.asarray(get(name))
+        if arr.dtype != np.int32:
+            raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+        out[name] = arr
+    return out
+
+
+def _without_query_ranges(decode_attn: Callable) -> Callable:
+    """Gives decode attention the prefill signature; one query per sequence needs no query ranges."""
+
+    def attend(q, k_pages, v_pages, block_tables, context_lens, query_start_loc):
+        return decode_attn(q, k_pages, v_pages, block_tables, context_lens)
+
+    return attend
+
+
+class ModelRunner:
+    """Runs a decoder over a paged KV pool; `prefill` and `decode` are jitted pure functions."""
+
+    def __init__(self, spec: ModelSpec, params: decoder.Params, *, block_size: int,
+                 attention_backend: str = "auto", interpret: bool | None = None):
+        """`interpret` runs Pallas kernels in interpret mode (default: off GPU only)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.spec = spec
+        self.params = params
+        self.block_size = block_size
+        self.backend = resolve_backend(attention_backend)
+        self.num_compilations = 0
+        scale = layers.softmax_scale(spec)
+        if self.backend == "pallas":
+            interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+            decode_attn = functools.partial(paged_attention.paged_attention, scale=scale, interpret=interpret)
+            prefill_attn = functools.partial(paged_prefill.paged_prefill_attention, scale=scale,
+                                             interpret=interpret)
+        else:
+            decode_attn = functools.partial(paged_attention.paged_attention_reference, scale=scale)
+            prefill_attn = functools.partial(paged_prefill.paged_prefill_attention_reference, scale=scale)
+        self._decode = jax.jit(functools.partial(self._step, _without_query_ranges(decode_attn)),
+                               donate_argnums=(1,))
+        self._prefill = jax.jit(functools.partial(self._step, prefill_attn), donate_argnums=(1,))
+
+    def prefill(self, kv_pool: KVPool, plan: Any) -> tuple[jax.Array, KVPool]:
+        """Prefill-shaped step: returns (float32 logits [S, vocab] at `logits_indices`, updated pool).
+
+        The pool passed in is donated: use only the returned one.
+        """
+        arrays = self._checked(kv_pool, plan)
+        return self._prefill(self.params, kv_pool, **arrays)
+
+    def decode(self, kv_pool: KVPool, plan: Any) -> tuple[jax.Array, KVPool]:
+        """Decode-shaped step (one token per sequence, T == S): (logits [S, vocab], updated pool)."""
+        arrays = self._checked(kv_pool, plan)
+        num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
+        if num_tokens != num_seqs:
+            raise ValueError(f"token_ids: a decode plan has one token per sequence, got T={num_tokens}, "
+                             f"S={num_seqs}")
+        return self._decode(self.params, kv_pool, **arrays)
+
+    def _checked(self, kv_pool: KVPool, plan: Any) -> dict[str, np.ndarray]:
+        spec = self.spec
+        expected = (spec.num_layers, spec.num_kv_heads, None, self.block_size, spec.head_dim)
+        for name, pool in zip(("k_pool", "v_pool"), kv_pool):
+            if pool.ndim != 5 or any(e is not None and e != d for e, d in zip(expected, pool.shape)):
+                raise ValueError(f"{name}: expected [L={spec.num_layers}, Hkv={spec.num_kv_heads}, N, "
+                                 f"Bs={self.block_size}, D={spec.head_dim}], got {list(pool.shape)}")
+        arrays = step_arrays(plan)
+        num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
+        for name in ("positions", "slot_mapping"):
+            if arrays[name].shape != (num_tokens,):
+                raise ValueError(f"{name}: expected [T={num_tokens}], got {list(arrays[name].shape)}")
+        for name, shape in (("query_start_loc", (num_seqs + 1,)), ("logits_indices", (num_seqs,))):
+            if arrays[name].shape != shape:
+                raise ValueError(f"{name}: expected {list(shape)}, got {list(arrays[name].shape)}")
+        if arrays["block_tables"].ndim != 2 or arrays["block_tables"].shape[0] != num_seqs:
+            raise ValueError(f"block_tables: expected [S={num_seqs}, M], got {list(arrays['block_tables'].shape)}")
+        return arrays
+
+    def _step(self, attend_fn: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
+              positions: jax.Array, slot_mapping: jax.Array, block_tables: jax.Array,
+              context_lens: jax.Array, query_start_loc: jax.Array, logits_indices: jax.Array):
+        # Runs only while tracing: counts compilations, one per distinct padded shape.
+        self.num_compilations += 1
+        spec = self.spec
+
+        def attend(pool, i, q, k, v):
+            # q [T, Hq, D], k/v [T, Hkv, D]; the pool travels as the scan carry and layer i is
+            # written back in place, so the whole stack is never copied per layer.
+            k_pool, v_pool = pool
+            k_pages, v_pages = cache_ops.write_kv(k_pool[i], v_pool[i], k, v, slot_mapping)
+            out = attend_fn(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)
+            k_pool = jax.lax.dynamic_update_index_in_dim(k_pool, k_pages, i, 0)
+            v_pool = jax.lax.dynamic_update_index_in_dim(v_pool, v_pages, i, 0)
+            return out, (k_pool, v_pool)
+
+        h = decoder.embed(spec, params, token_ids, positions)  # [T, H]
+        h, kv_pool = decoder.run_layers(spec, params, h, positions, tuple(kv_pool), attend)
+        # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
+        return decoder.lm_logits(spec, params, h[logits_indices]), kv_pool
