@@ -101,15 +101,19 @@ class BlockManager:
 
     # ------------------------------------------------------------------ allocate / free
 
-    def can_allocate(self, num_tokens: int, num_seqs: int = 1) -> AllocStatus:
-        """Whether `num_seqs` fresh sequences of `num_tokens` tokens each fit, keeping the watermark free."""
+    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None) -> AllocStatus:
+        """Whether `num_seqs` fresh sequences of `num_tokens` tokens each fit, keeping the watermark free.
+
+        `final_len` (the most tokens a sequence may reach) is unused here: paged allocation reserves
+        nothing ahead. Contiguous baselines take the same arguments and reserve by it.
+        """
         need_per_seq = self.blocks_for(num_tokens)
         need = need_per_seq * num_seqs
         if need_per_seq > self.max_blocks_per_seq or need > self.num_usable_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         return AllocStatus.OK if len(self._free) - need >= self.watermark_blocks else AllocStatus.LATER
 
-    def allocate(self, seq_id: int, num_tokens: int) -> int:
+    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None) -> int:
         """Gives a new sequence blocks for its first `num_tokens` tokens; returns its table row."""
         if seq_id in self._row_of or seq_id in self._host_tables:
             raise ValueError(f"sequence {seq_id} already holds blocks")

@@ -1,0 +1,99 @@
+"""Next-token selection on device: greedy, temperature, top-k, top-p, and top candidates for beams.
+
+One jitted call per step samples every row and brings back a few small arrays (no [S, vocab]
+transfer to the host). Randomness is a pure function of (seed, stream, position): the same request
+draws the same tokens whatever else shares its batch and however often it was preempted. The
+stream separates the sequences of one request (parallel sampling) and requests sharing a seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jpaged.step_plan import bucket
+
+
+def request_stream(request_id: str, seq_index: int) -> int:
+    """A stable 31-bit stream id for sequence `seq_index` of request `request_id`."""
+    return (zlib.crc32(request_id.encode()) * 1_000_003 + seq_index) & 0x7FFFFFFF
+
+
+@dataclasses.dataclass
+class SamplingBatch:
+    """Per-row sampling settings; row r samples from logits row `logits_rows[r]`."""
+
+    logits_rows: np.ndarray  # i32[R] which logits row each sample reads (a prompt row repeats for n > 1)
+    temperature: np.ndarray  # f32[R] 0 = greedy
+    top_k: np.ndarray  # i32[R] 0 = off
+    top_p: np.ndarray  # f32[R] 1 = off
+    seed: np.ndarray  # u32[R] the request's seed
+    stream: np.ndarray  # i32[R] request_stream(request, sequence index)
+    position: np.ndarray  # i32[R] position of the token being sampled
+    num_top: int = 0  # also return the top `num_top` log-probabilities per row (beam search)
+
+
+@dataclasses.dataclass
+class SampleResult:
+    """Host arrays of one step's samples."""
+
+    token_ids: np.ndarray  # i32[R] chosen tokens
+    logprobs: np.ndarray  # f32[R] log-probability of each chosen token under the model
+    top_ids: np.ndarray | None  # i32[R, num_top] most likely tokens, best first (beam search)
+    top_logprobs: np.ndarray | None  # f32[R, num_top] their log-probabilities
+
+
+def _sample_row(logits, temperature, top_k, top_p, seed, stream, position):
+    """Samples one token from logits f32[V] (temperature > 0 rows; greedy rows are overridden)."""
+    vocab = logits.shape[0]
+    scaled = logits / jnp.maximum(temperature, 1e-6)
+    sorted_logits = jnp.sort(scaled)[::-1]  # [V] descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = sorted_logits[k - 1]
+    probs = jax.nn.softmax(sorted_logits)
+    # Keep a token if the mass strictly before it is < top_p: the smallest set reaching top_p.
+    mass_before = jnp.cumsum(probs) - probs
+    keep_sorted = (mass_before < top_p) & (jnp.arange(vocab) < k)
+    threshold = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf))
+    masked = jnp.where((scaled >= jnp.maximum(threshold, kth)), scaled, -jnp.inf)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), stream), position)
+    return jax.random.categorical(key, masked)
+
+
+@functools.partial(jax.jit, static_argnames=("num_top",))
+def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top):
+    logits = logits[logits_rows].astype(jnp.float32)  # [R, V]
+    logprobs_all = jax.nn.log_softmax(logits, axis=-1)
+    greedy = jnp.argmax(logits, axis=-1)
+    drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
+    tokens = jnp.where(temperature == 0, greedy, drawn).astype(jnp.int32)
+    chosen = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
+    if num_top:
+        top_logprobs, top_ids = jax.lax.top_k(logprobs_all, num_top)
+        return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+    return tokens, chosen, None, None
+
+
+def sample(logits: jax.Array, batch: SamplingBatch) -> SampleResult:
+    """Samples every row of `batch` from `logits` f32[S, vocab]; rows are padded to a bucket."""
+    rows = len(batch.logits_rows)
+    size = bucket(rows)
+
+    def pad(a, dtype):
+        out = np.zeros(size, dtype)
+        out[:rows] = a
+        return out
+
+    out = _sample(logits, pad(batch.logits_rows, np.int32), pad(batch.temperature, np.float32),
+                  pad(batch.top_k, np.int32), pad(batch.top_p, np.float32) + (np.arange(size) >= rows),
+                  pad(batch.seed, np.uint32), pad(batch.stream, np.int32), pad(batch.position, np.int32),
+                  num_top=batch.num_top)
+    tokens, chosen, top_ids, top_logprobs = jax.device_get(out)
+    return SampleResult(tokens[:rows], chosen[:rows],
+                        None if top_ids is None else top_ids[:rows],
+                        None if top_logprobs is None else top_logprobs[:rows])

@@ -1,0 +1,250 @@
+"""Iteration-level FCFS scheduling with all-or-nothing preemption (paper §4.5) -> StepPlan.
+
+Each step is either a prefill batch (admit waiting groups, FCFS, while blocks, `max_num_seqs` and
+`max_num_batched_tokens` allow) or a decode batch (one token for every running sequence). When a
+decode step cannot get slots, the latest-arrived groups are preempted first, whole, by swapping
+their blocks to host memory or by freeing them for recomputation. While preempted groups wait, no
+new group is admitted: swapped groups come back first, and recompute victims go back to the front
+of the waiting queue. Pure Python + numpy: no jax import.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import logging
+
+import numpy as np
+
+from jpaged.block_manager import AllocStatus, BlockManager
+from jpaged.config import CacheConfig, SchedulerConfig
+from jpaged.sequence import SequenceGroup, SequenceStatus
+from jpaged.step_plan import StepPlan, bucket, pairs_array
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One scheduling decision: the plan to execute and what happened to groups on the way."""
+
+    plan: StepPlan
+    groups: list[SequenceGroup]  # groups with a sequence in the batch, in batch order
+    rejected: list[tuple[SequenceGroup, str]]  # groups that can never run, with the reason
+    num_preempted: int  # groups preempted in this step
+
+
+class Scheduler:
+    """FCFS waiting queue, running list and swapped queue over one block manager."""
+
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig, block_manager: BlockManager | None = None):
+        self.config = config
+        self.block_size = cache.block_size
+        self.block_manager = block_manager or BlockManager(
+            cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
+            watermark=cache.watermark, max_seqs=config.max_num_seqs)
+        self.waiting: collections.deque[SequenceGroup] = collections.deque()
+        self.running: list[SequenceGroup] = []  # sorted by arrival_order
+        self.swapped: collections.deque[SequenceGroup] = collections.deque()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queue management
+
+    def add(self, group: SequenceGroup) -> None:
+        """Queues a new request."""
+        self.waiting.append(group)
+
+    def has_unfinished(self) -> bool:
+        """True while any group waits, runs or is swapped out."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def abort(self, group: SequenceGroup) -> None:
+        """Removes a group from whichever queue holds it and frees its blocks."""
+        for queue in (self.waiting, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in self.running:
+            self.running.remove(group)
+        for seq in group.seqs:
+            self.free_seq(seq.seq_id)
+
+    def free_seq(self, seq_id: int) -> None:
+        """Frees a sequence's blocks if it holds any (finished or dropped beams)."""
+        bm = self.block_manager
+        if bm.has_seq(seq_id) or bm.is_swapped(seq_id):
+            bm.free(seq_id)
+
+    def remove_finished(self) -> None:
+        """Drops finished groups from the running list."""
+        self.running = [g for g in self.running if not g.is_finished]
+
+    # ------------------------------------------------------------------ scheduling
+
+    def schedule(self) -> SchedulerOutput:
+        """Decides the next step: a prefill batch if a waiting group can be admitted, else decode."""
+        rejected: list[tuple[SequenceGroup, str]] = []
+        if not self.swapped:
+            prefill = self._schedule_prefill(rejected)
+            if prefill is not None:
+                return prefill
+        return self._schedule_decode(rejected)
+
+    def _schedule_prefill(self, rejected) -> SchedulerOutput | None:
+        bm = self.block_manager
+        cfg = self.config
+        num_running_seqs = sum(len(g.live_seqs(SequenceStatus.RUNNING)) for g in self.running)
+        admitted: list[SequenceGroup] = []
+        num_tokens = 0
+        while self.waiting:
+            group = self.waiting[0]
+            seqs = group.live_seqs(SequenceStatus.WAITING)
+            group_tokens = sum(len(s) for s in seqs)  # each sequence is prefilled whole
+            final_len = group.prompt_len + group.sampling_params.max_tokens
+            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs), final_len=final_len)
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                rejected.append((group, f"needs {sum(bm.blocks_for(len(s)) for s in seqs)} KV blocks, more than the "
+                                        f"pool can ever give ({bm.num_usable_blocks} blocks, watermark included)"))
+                continue
+            if (status is AllocStatus.LATER
+                    or num_tokens + group_tokens > cfg.max_num_batched_tokens
+                    or num_running_seqs + len(seqs) > cfg.max_num_seqs):
+                break
+            self.waiting.popleft()
+            for seq in seqs:
+                bm.allocate(seq.seq_id, len(seq), final_len=final_len)
+                seq.status = SequenceStatus.RUNNING
+            num_tokens += group_tokens
+            num_running_seqs += len(seqs)
+            admitted.append(group)
+            bisect.insort(self.running, group, key=lambda g: g.arrival_order)
+        if not admitted:
+            return None
+        return SchedulerOutput(self._prefill_plan(admitted), admitted, rejected, 0)
+
+    def _schedule_decode(self, rejected) -> SchedulerOutput:
+        bm = self.block_manager
+        num_preempted = 0
+        swap_out: list[tuple[int, int]] = []
+        rows = self._rows(self.running)
+        while self.running and bm.blocks_needed_to_append(rows) > bm.num_free_blocks:
+            victim = self.running.pop()  # the latest arrival
+            if not self.running and bm.blocks_needed_to_append(self._rows([victim])) > bm.num_free_blocks:
+                rejected.append((victim, "its sequences outgrew the whole KV pool"))
+                for seq in victim.live_seqs():
+                    bm.free(seq.seq_id)
+            else:
+                swap_out += self._preempt(victim)
+                num_preempted += 1
+            rows = self._rows(self.running)
+        swap_in: list[tuple[int, int]] = []
+        if num_preempted == 0:
+            swap_in = self._swap_in()
+            rows = self._rows(self.running)
+        slots, copy_pairs = bm.append_slots(rows) if len(rows) else (np.zeros(0, np.int32), [])
+        plan = self._decode_plan(rows, slots)
+        plan.copy_pairs = pairs_array(copy_pairs)
+        plan.swap_in_pairs = pairs_array(swap_in)
+        plan.swap_out_pairs = pairs_array(swap_out)
+        self.num_preemptions += num_preempted
+        return SchedulerOutput(plan, list(self.running), rejected, num_preempted)
+
+    def _preempt(self, group: SequenceGroup) -> list[tuple[int, int]]:
+        """Evicts a whole group: swap when configured and room allows, else recompute."""
+        bm = self.block_manager
+        seq_ids = [s.seq_id for s in group.live_seqs(SequenceStatus.RUNNING)]
+        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq_ids):
+            pairs = bm.swap_out(seq_ids)
+            for seq in group.live_seqs(SequenceStatus.RUNNING):
+                seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(group)
+            return pairs
+        for seq in group.live_seqs(SequenceStatus.RUNNING):
+            bm.free(seq.seq_id)
+            seq.status = SequenceStatus.WAITING
+        group.num_prefilled_tokens = 0
+        # Back to the front: FCFS by arrival, ahead of every request that arrived later.
+        self.waiting.appendleft(group)
+        return []
+
+    def _swap_in(self) -> list[tuple[int, int]]:
+        bm = self.block_manager
+        pairs: list[tuple[int, int]] = []
+        num_seqs = sum(len(g.live_seqs(SequenceStatus.RUNNING)) for g in self.running)
+        while self.swapped:
+            group = self.swapped[0]
+            seq_ids = [s.seq_id for s in group.live_seqs(SequenceStatus.SWAPPED)]
+            # Room for the blocks plus one new block per sequence for this step's token.
+            if num_seqs + len(seq_ids) > self.config.max_num_seqs or not bm.can_swap_in(seq_ids, len(seq_ids)):
+                break
+            self.swapped.popleft()
+            pairs += bm.swap_in(seq_ids)
+            for seq in group.live_seqs(SequenceStatus.SWAPPED):
+                seq.status = SequenceStatus.RUNNING
+            num_seqs += len(seq_ids)
+            bisect.insort(self.running, group, key=lambda g: g.arrival_order)
+        return pairs
+
+    # ------------------------------------------------------------------ plans
+
+    def _rows(self, groups: list[SequenceGroup]) -> np.ndarray:
+        row_of = self.block_manager.row_of
+        return np.fromiter((row_of(s.seq_id) for g in groups for s in g.seqs
+                            if s.status is SequenceStatus.RUNNING), dtype=np.int64)
+
+    def _table_width(self, rows: np.ndarray) -> int:
+        bm = self.block_manager
+        longest = int(bm.num_table_blocks[rows].max()) if len(rows) else 1
+        return min(bucket(longest), bm.max_blocks_per_seq)
+
+    def _decode_plan(self, rows: np.ndarray, slots: np.ndarray) -> StepPlan:
+        bm = self.block_manager
+        seqs = [s for g in self.running for s in g.seqs if s.status is SequenceStatus.RUNNING]
+        n = len(seqs)
+        size = bucket(n)
+        token_ids = np.zeros(size, np.int32)
+        token_ids[:n] = [s.token_ids[-1] for s in seqs]
+        positions = np.zeros(size, np.int32)
+        context_lens = np.zeros(size, np.int32)
+        context_lens[:n] = bm.num_tokens[rows]
+        positions[:n] = context_lens[:n] - 1
+        slot_mapping = np.zeros(size, np.int32)
+        slot_mapping[:n] = slots
+        tables = np.zeros((size, self._table_width(rows)), np.int32)
+        tables[:n] = bm.block_tables[rows, : tables.shape[1]]
+        query_start_loc = np.minimum(np.arange(size + 1, dtype=np.int32), n)
+        logits_indices = np.arange(size, dtype=np.int32)
+        logits_indices[n:] = 0
+        return StepPlan(False, n, n, token_ids, positions, slot_mapping, query_start_loc, context_lens,
+                        tables, logits_indices, [s.seq_id for s in seqs])
+
+    def _prefill_plan(self, groups: list[SequenceGroup]) -> StepPlan:
+        bm = self.block_manager
+        seqs = [s for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
+        starts = [g.num_prefilled_tokens for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
+        rows = np.array([bm.row_of(s.seq_id) for s in seqs], dtype=np.int64)
+        lens = np.array([len(s) for s in seqs], dtype=np.int32)
+        q_lens = lens - np.array(starts, dtype=np.int32)
+        n, total = len(seqs), int(q_lens.sum())
+        size_s, size_t = bucket(n), bucket(total, minimum=16)
+        token_ids = np.zeros(size_t, np.int32)
+        positions = np.zeros(size_t, np.int32)
+        slot_mapping = np.zeros(size_t, np.int32)
+        query_start_loc = np.full(size_s + 1, total, np.int32)
+        query_start_loc[: n + 1] = np.concatenate([[0], np.cumsum(q_lens)])
+        for i, (seq, row, start) in enumerate(zip(seqs, rows.tolist(), starts)):
+            lo, hi = query_start_loc[i], query_start_loc[i + 1]
+            token_ids[lo:hi] = seq.token_ids[start:]
+            positions[lo:hi] = np.arange(start, len(seq))
+            slot_mapping[lo:hi] = bm.slot_mapping(row, start, len(seq))
+        context_lens = np.zeros(size_s, np.int32)
+        context_lens[:n] = lens
+        tables = np.zeros((size_s, self._table_width(rows)), np.int32)
+        tables[:n] = bm.block_tables[rows, : tables.shape[1]]
+        logits_indices = np.zeros(size_s, np.int32)
+        logits_indices[:n] = query_start_loc[1: n + 1] - 1
+        for g in groups:
+            g.num_prefilled_tokens = len(g.seqs[0])
+        return StepPlan(True, n, total, token_ids, positions, slot_mapping, query_start_loc, context_lens,
+                        tables, logits_indices, [s.seq_id for s in seqs])
