@@ -18,11 +18,14 @@ from jpaged.step_plan import StepPlan
 class SimExecutor:
     """Executor whose clock is virtual: each `execute` advances it by the step's modeled time."""
 
+    has_model = False  # steps return no logits: the engine appends placeholder tokens
+
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
                  block_size: int = 16) -> None:
         gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.cost_model = CostModel(spec, gpu, cost, tp=tp, dtype=dtype, block_size=block_size)
+        self.vocab_size = spec.vocab_size  # the engine checks prompt token ids against it
         self._clock = 0.0  # virtual seconds since the start of the run
         self.busy_s = 0.0  # virtual seconds spent executing steps (the rest is idle waiting)
         self.num_steps = 0  # steps executed, including block-op-only steps
