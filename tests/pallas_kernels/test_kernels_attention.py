@@ -1,0 +1,81 @@
+"""Pallas decode and prefill kernels (interpret mode) against the references, float32 and bfloat16.
+
+Pools are random permutations of their blocks with every stale slot NaN. Each case batches the
+context lengths 1, 3, a block, a block + 1, 513 and the table's maximum, plus a padded sequence.
+Knobs are chosen so that every tiled axis (splits, key chunks, query tiles, KV heads) has >= 3 tiles.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_cases import make_case, rel_err
+from pallas_kernels import paged_attention as pa
+from pallas_kernels import paged_prefill as pp
+
+NUM_KV_HEADS = 3
+# (block_size, GQA ratio, head_dim): the default run covers every value; `slow` the full product.
+FAST = [(8, 1, 64), (16, 4, 128), (32, 8, 64)]
+FULL = [(bs, g, d) for bs in (8, 16, 32) for g in (1, 4, 8) for d in (64, 128)]
+SLOW = [pytest.param(*c, marks=pytest.mark.slow) for c in FULL if c not in FAST]
+
+
+def _lens(block_size: int) -> tuple[list[int], int]:
+    max_blocks = -(-513 // block_size) + 1
+    return [1, 3, block_size, block_size + 1, 513, max_blocks * block_size, 0], max_blocks
+
+
+def _decode_inputs(block_size, group, head_dim, seed=0):
+    rng = np.random.default_rng(seed)
+    lens, max_blocks = _lens(block_size)
+    case = make_case(rng, lens, block_size=block_size, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
+                     max_blocks=max_blocks)
+    q = rng.standard_normal((len(lens), NUM_KV_HEADS * group, head_dim)).astype(np.float32)
+    return q, case
+
+
+@pytest.mark.parametrize("block_size,group,head_dim", FAST + SLOW)
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-4), (jnp.bfloat16, 2e-2)])
+def test_decode_kernel_matches_reference(block_size, group, head_dim, dtype, tol):
+    q, case = _decode_inputs(block_size, group, head_dim)
+    args = (jnp.asarray(q, dtype), *case.device(dtype))
+    scale = head_dim ** -0.5
+    ref = pa.paged_attention_reference(*args, scale=scale)
+    # block_k 16 with 3 splits: >= 3 splits and >= 3 key chunks per split on the long sequences.
+    out = pa.paged_attention(*args, scale=scale, block_k=16, num_splits=3, interpret=True)
+    out32 = np.asarray(out, np.float32)
+    assert out.dtype == dtype and np.isfinite(out32).all()
+    assert (out32[-1] == 0).all()  # the padded sequence
+    assert rel_err(out32, np.asarray(ref, np.float32)) < tol
+
+
+def _prefill_inputs(block_size, group, head_dim, seed=1):
+    """Sequences covering each prefill use: plain prompts of every test length, a prompt with a
+    cached prefix, a chunk in the middle of a long context, one query token, and padding."""
+    rng = np.random.default_rng(seed)
+    lens, max_blocks = _lens(block_size)
+    lens = lens[:-1]
+    q_lens = [1, 3, block_size, block_size + 1, 37, 1]  # 513: chunk 476..512; max: one token
+    lens += [block_size + 5, 0]
+    q_lens += [5, 0]  # a cached one-block prefix + 5 new tokens; an empty padding sequence
+    case = make_case(rng, lens, block_size=block_size, num_kv_heads=NUM_KV_HEADS, head_dim=head_dim,
+                     max_blocks=max_blocks)
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(starts[-1]) + 3, NUM_KV_HEADS * group, head_dim)).astype(np.float32)
+    return q, case, starts
+
+
+@pytest.mark.parametrize("block_size,group,head_dim", FAST + SLOW)
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-4), (jnp.bfloat16, 2e-2)])
+def test_prefill_kernel_matches_reference(block_size, group, head_dim, dtype, tol):
+    q, case, starts = _prefill_inputs(block_size, group, head_dim)
+    args = (jnp.asarray(q, dtype), *case.device(dtype), jnp.asarray(starts))
+    scale = head_dim ** -0.5
+    ref = pp.paged_prefill_attention_reference(*args, scale=scale)
+    # block_q * Gp = 16 rows: the 37-token chunk spans >= 3 query tiles; block_k 16: >= 3 key chunks.
+    block_q = max(1, 16 // group)
+    out = pp.paged_prefill_attention(*args, scale=scale, block_q=block_q, block_k=16, interpret=True)
+    out32 = np.asarray(out, np.float32)
+    assert out.dtype == dtype and np.isfinite(out32).all()
+    assert (out32[starts[-1]:] == 0).all()  # rows past the last sequence
+    assert rel_err(out32, np.asarray(ref, np.float32)) < tol
