@@ -12,6 +12,7 @@ from jpaged.executors.base import StepResult
 from jpaged.models.presets import ModelSpec
 from jpaged.sim.cost_model import CostModel, CostModelConfig
 from jpaged.sim.gpus import GpuSpec, get_gpu
+from jpaged.sim.profiled import FittedCostModel
 from jpaged.step_plan import StepPlan
 
 
@@ -22,9 +23,11 @@ class SimExecutor:
 
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, *, fitted: FittedCostModel | None = None) -> None:
+        """Times steps with a roofline `CostModel` of (spec, cost, gpu, tp, dtype, block_size), or, in
+        profiled mode, with `fitted`, which then replaces it (the fit carries its own swap/copy model)."""
         gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
-        self.cost_model = CostModel(spec, gpu, cost, tp=tp, dtype=dtype, block_size=block_size)
+        self.cost_model = fitted or CostModel(spec, gpu, cost, tp=tp, dtype=dtype, block_size=block_size)
         self.vocab_size = spec.vocab_size  # the engine checks prompt token ids against it
         self._clock = 0.0  # virtual seconds since the start of the run
         self.busy_s = 0.0  # virtual seconds spent executing steps (the rest is idle waiting)
