@@ -94,7 +94,7 @@ def sample_lengths(dataset: Dataset, n: int, rng: np.random.Generator, *,
     _check_dataset(dataset)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    prompts, outputs, have = [], [], 0
+    prompts, outputs, have = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], 0
     while have < n:
         # Over-draw by ~25% so that one batch nearly always suffices (acceptance is ~80-99%).
         m = int((n - have) * 1.25) + 64

@@ -69,6 +69,7 @@ def test_poisson_arrivals():
     assert gaps.mean() == pytest.approx(0.5, rel=0.05) and gaps.std() == pytest.approx(0.5, rel=0.05)
     assert len(poisson_arrivals(2.0, rng, duration_s=3600.0, num_requests=10)) == 10
     assert len(poisson_arrivals(1.0, rng, num_requests=7)) == 7
+    assert len(generate_trace(WorkloadConfig(request_rate=1e-3, duration_s=1.0))) == 0  # empty is fine
     assert (poisson_arrivals(math.inf, rng, num_requests=4) == 0).all()
     with pytest.raises(ValueError, match="rate"):
         poisson_arrivals(0.0, rng, num_requests=3)
