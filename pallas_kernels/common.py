@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Finite stand-in for -inf in masked scores: exp(MASK_VALUE - m) underflows to exactly 0 without
@@ -72,3 +73,49 @@ def resolve_backend(backend: Backend) -> Literal["pallas", "xla"]:
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend: must be 'auto', 'pallas' or 'xla', got {backend!r}")
     return backend
+
+
+def dot_precision(dtype) -> jax.lax.Precision:
+    """HIGHEST for float32: Triton runs float32 dots in TF32 otherwise, which misses 1e-4."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def init_softmax_state(rows: int, head_dim: int):
+    """Flash-attention running state (acc f32[R, D], max f32[R], denom f32[R]) before any key."""
+    return (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+
+
+def online_softmax_step(state, q, k, v, allowed, key_valid, *, scale: float):
+    """Fold one chunk of keys into the running softmax state (inside a kernel body).
+
+    q [R, D], k and v [C, D], allowed bool[R, C] (or broadcastable), key_valid bool[C]: keys that
+    hold live tokens. Stale slots may hold NaN, so V rows of invalid keys are zeroed before P @ V:
+    a zero probability alone would still give 0 * NaN = NaN.
+    """
+    acc, m, l = state  # f32[R, D], f32[R], f32[R]
+    precision = dot_precision(q.dtype)
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                            preferred_element_type=jnp.float32) * scale  # [R, C]
+    s = jnp.where(allowed, s, MASK_VALUE)
+    v = jnp.where(key_valid[:, None], v, jnp.zeros_like(v))
+    m_next = jnp.maximum(m, s.max(axis=1))
+    correction = jnp.exp(m - m_next)
+    p = jnp.exp(s - m_next[:, None])  # [R, C]
+    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+                             preferred_element_type=jnp.float32)  # [R, D]
+    return acc * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+
+
+def combine_splits(
+    o: jax.Array,  # f32[B, Hkv, S, Gp, D]
+    m: jax.Array,  # f32[B, Hkv, S, Gp]
+    l: jax.Array,  # f32[B, Hkv, S, Gp]
+) -> jax.Array:  # f32[B, Hkv, Gp, D]
+    """Merge per-split softmax partials; empty splits (m = MASK_VALUE, l = 0) weigh exactly 0."""
+    m_all = m.max(axis=2, keepdims=True)  # [B, Hkv, 1, Gp]
+    weight = jnp.exp(m - m_all)  # [B, Hkv, S, Gp]
+    denom = (weight * l).sum(axis=2)  # [B, Hkv, Gp]
+    out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, Gp, D]
+    # Padded sequences (length 0) have denom 0 and o 0: their output is 0.
+    return out / jnp.where(denom > 0, denom, 1.0)[..., None]

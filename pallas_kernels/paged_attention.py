@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MASK_VALUE, MIN_DOT_DIM, Backend, check_knob, check_tile, next_power_of_2, resolve_backend,
-    triton_compiler_params,
+    MIN_DOT_DIM, Backend, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2, online_softmax_step,
+    resolve_backend, triton_compiler_params,
 )
 
 
@@ -77,22 +77,19 @@ def paged_attention_reference(
     valid = jnp.arange(max_len)[None, :] < context_lens[:, None]  # [B, L]
     # Zero stale V rows: masked probabilities are 0, but 0 * NaN would still be NaN.
     v = jnp.where(valid[None, :, :, None], v, 0).astype(jnp.float32)
-    qg = q.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, D]
-    s = jnp.einsum("bhgd,hbld->bhgl", qg.astype(jnp.float32), k.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST) * scale  # [B, Hkv, G, L]
-    s = jnp.where(valid[:, None, None, :], s, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)  # [B, Hkv, G, 1]
+    # KV-head-major query, so both dots batch over (Hkv, B) in the gathered K/V's own order and XLA
+    # does not transpose the gathered copy.
+    qg = q.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim).swapaxes(0, 1)  # [Hkv, B, G, D]
+    s = jnp.einsum("hbgd,hbld->hbgl", qg.astype(jnp.float32), k.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST) * scale  # [Hkv, B, G, L]
+    s = jnp.where(valid[None, :, None, :], s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)  # [Hkv, B, G, 1]
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # empty sequences: keep exp() finite
     p = jnp.exp(s - m)  # masked entries: exp(-inf) = 0
     denom = jnp.sum(p, axis=-1, keepdims=True)
-    o = jnp.einsum("bhgl,hbld->bhgd", p, v, precision=jax.lax.Precision.HIGHEST)
-    o = o / jnp.where(denom > 0, denom, 1.0)
+    o = jnp.einsum("hbgl,hbld->hbgd", p, v, precision=jax.lax.Precision.HIGHEST)
+    o = (o / jnp.where(denom > 0, denom, 1.0)).swapaxes(0, 1)  # [B, Hkv, G, D]
     return o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
-
-
-def _dot_precision(dtype) -> jax.lax.Precision:
-    # Triton runs float32 dots in TF32 unless asked for IEEE; TF32 would miss the 1e-4 target.
-    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
 
 
 def _decode_kernel(
@@ -116,29 +113,16 @@ def _decode_kernel(
     # Pages of this split that hold tokens; 0 for an empty split, which then skips the loop.
     num_pages = jnp.clip(pl.cdiv(length, block_size) - first_page, 0, pages_per_split)
     q = q_ref[...]  # [Gp, D]
-    precision = _dot_precision(q.dtype)
 
-    def body(c, carry):
-        o, m, l = carry  # f32[Gp, D], f32[Gp], f32[Gp]
+    def body(c, state):
         ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
         k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
         v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
         tokens = (first_page + c * pages_per_chunk) * block_size + jnp.arange(chunk)  # [P * Bs]
         valid = tokens < length
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                                preferred_element_type=jnp.float32) * scale  # [Gp, P * Bs]
-        s = jnp.where(valid[None, :], s, MASK_VALUE)
-        # Stale slots may hold NaN: a zero probability alone would still give 0 * NaN = NaN.
-        v = jnp.where(valid[:, None], v, jnp.zeros_like(v))
-        m_next = jnp.maximum(m, s.max(axis=1))
-        correction = jnp.exp(m - m_next)
-        p = jnp.exp(s - m_next[:, None])  # [Gp, P * Bs]
-        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)  # [Gp, D]
-        return o * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+        return online_softmax_step(state, q, k, v, valid[None, :], valid, scale=scale)
 
-    init = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full(m_ref.shape, MASK_VALUE, jnp.float32),
-            jnp.zeros(l_ref.shape, jnp.float32))
+    init = init_softmax_state(q.shape[0], head_dim)
     o, m, l = jax.lax.fori_loop(0, pl.cdiv(num_pages, pages_per_chunk), body, init)
     o_ref[...] = o
     m_ref[...] = m
@@ -215,21 +199,7 @@ def paged_attention(
         interpret=interpret,
         name="paged_decode_attention",
     )(lens, tables, qg, k_pages, v_pages)
-    return _combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
-
-
-def _combine_splits(
-    o: jax.Array,  # f32[B, Hkv, S, Gp, D]
-    m: jax.Array,  # f32[B, Hkv, S, Gp]
-    l: jax.Array,  # f32[B, Hkv, S, Gp]
-) -> jax.Array:  # f32[B, Hkv, Gp, D]
-    """Merge per-split softmax partials; empty splits (m = MASK_VALUE, l = 0) weigh exactly 0."""
-    m_all = m.max(axis=2, keepdims=True)  # [B, Hkv, 1, Gp]
-    weight = jnp.exp(m - m_all)  # [B, Hkv, S, Gp]
-    denom = (weight * l).sum(axis=2)  # [B, Hkv, Gp]
-    out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, Gp, D]
-    # Padded sequences (length 0) have denom 0 and o 0: their output is 0.
-    return out / jnp.where(denom > 0, denom, 1.0)[..., None]
+    return combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
 
 
 def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MASK_VALUE, MIN_DOT_DIM, Backend, check_tile, next_power_of_2, resolve_backend, triton_compiler_params,
+    MIN_DOT_DIM, Backend, check_tile, init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend,
+    triton_compiler_params,
 )
 
 
@@ -123,11 +124,6 @@ def paged_prefill_attention_reference(
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
 
 
-def _dot_precision(dtype) -> jax.lax.Precision:
-    # Triton runs float32 dots in TF32 unless asked for IEEE; TF32 would miss the 1e-4 target.
-    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-
-
 def _prefill_kernel(
     meta_ref,  # i32[2]: (context length, position of the tile's first query row); length 0 = empty tile
     tables_ref,  # i32[M_pad]: block table of the tile's sequence
@@ -148,31 +144,17 @@ def _prefill_kernel(
     # Causal: the tile needs keys up to its last row's position (never past the context).
     num_keys = jnp.minimum(length, first_pos + rows // group_pad)
     q = q_ref[...]
-    precision = _dot_precision(q.dtype)
 
-    def body(c, carry):
-        o, m, l = carry  # f32[R, D], f32[R], f32[R]
+    def body(c, state):
         ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
         k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
         v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
         keys = c * chunk + jnp.arange(chunk)  # [P * Bs]
         in_context = keys < length
         allowed = in_context[None, :] & (keys[None, :] <= positions[:, None])  # [R, P * Bs]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                                preferred_element_type=jnp.float32) * scale  # [R, P * Bs]
-        s = jnp.where(allowed, s, MASK_VALUE)
-        # Stale slots may hold NaN: a zero probability alone would still give 0 * NaN = NaN.
-        v = jnp.where(in_context[:, None], v, jnp.zeros_like(v))
-        m_next = jnp.maximum(m, s.max(axis=1))
-        correction = jnp.exp(m - m_next)
-        p = jnp.exp(s - m_next[:, None])
-        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)  # [R, D]
-        return o * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+        return online_softmax_step(state, q, k, v, allowed, in_context, scale=scale)
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), MASK_VALUE, jnp.float32),
-            jnp.zeros((rows,), jnp.float32))
-    o, _, l = jax.lax.fori_loop(0, pl.cdiv(num_keys, chunk), body, init)
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(num_keys, chunk), body, init_softmax_state(rows, head_dim))
     o_ref[...] = (o / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 

@@ -79,3 +79,20 @@ def test_prefill_kernel_matches_reference(block_size, group, head_dim, dtype, to
     assert out.dtype == dtype and np.isfinite(out32).all()
     assert (out32[starts[-1]:] == 0).all()  # rows past the last sequence
     assert rel_err(out32, np.asarray(ref, np.float32)) < tol
+
+
+def test_contiguous_kernel_matches_paged_reference():
+    """The benchmark's non-paged baseline computes the same attention as the paged path."""
+    from pallas_kernels.contiguous_attention import contiguous_attention, contiguous_attention_reference
+
+    q, case = _decode_inputs(16, 4, 64)
+    max_len = case.block_tables.shape[1] * 16
+    k = np.zeros((len(case.context_lens), NUM_KV_HEADS, max_len, 64), np.float32)
+    v = np.full_like(k, np.nan)  # stale tail
+    for b, n in enumerate(case.context_lens):
+        k[b, :, :n], v[b, :, :n] = case.k_dense[b], case.v_dense[b]
+    args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(case.context_lens))
+    paged = np.asarray(pa.paged_attention_reference(jnp.asarray(q), *case.device(jnp.float32), scale=0.125))
+    assert rel_err(contiguous_attention_reference(*args, scale=0.125), paged) < 1e-5
+    out = contiguous_attention(*args, scale=0.125, block_k=16, num_splits=3, interpret=True)
+    assert rel_err(out, paged) < 1e-4

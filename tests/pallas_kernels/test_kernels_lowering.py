@@ -45,6 +45,14 @@ def test_prefill_lowers_to_triton(block_size, group, head_dim, dtype):
                     _i32(BATCH, MAX_BLOCKS), _i32(BATCH), _i32(BATCH + 1))
 
 
+def test_contiguous_baseline_lowers_to_triton():
+    from pallas_kernels.contiguous_attention import contiguous_attention
+
+    q = jax.ShapeDtypeStruct((BATCH, 40, 128), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((BATCH, 40, 2048, 128), jnp.bfloat16)
+    _lower_for_cuda(functools.partial(contiguous_attention, scale=0.1), q, cache, cache, _i32(BATCH))
+
+
 def test_default_knobs_lower_with_odd_group():
     # A GQA group of 5 (e.g. 40 query heads over 8 KV heads) is padded to a power of two.
     q = jax.ShapeDtypeStruct((BATCH, 40, 128), jnp.bfloat16)

@@ -1,0 +1,154 @@
+"""Decode attention over a contiguous (non-paged) KV cache: the baseline of the kernel benchmark.
+
+Cache layout `[batch, num_kv_heads, max_len, head_dim]`: sequence b's tokens are rows
+`0 .. context_lens[b]-1` of its own region, as in FasterTransformer / Orca. The Pallas kernel is
+the paged decode kernel with the block-table lookup replaced by a contiguous slice (same grid,
+GQA grouping, split-K and online softmax), so the benchmark isolates the cost of paging.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common import (
+    MIN_DOT_DIM, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2,
+    online_softmax_step, triton_compiler_params,
+)
+
+
+def _check_shapes(q, k, v, context_lens) -> None:
+    """Raise ValueError naming the first argument whose shape does not fit."""
+    if q.ndim != 3:
+        raise ValueError(f"q: expected [batch, num_q_heads, head_dim], got shape {q.shape}")
+    batch, num_q_heads, head_dim = q.shape
+    if k.ndim != 4 or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k: expected [batch={batch}, num_kv_heads, max_len, head_dim={head_dim}], got {k.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {v.shape} must equal k shape {k.shape}")
+    if num_q_heads % k.shape[1]:
+        raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {k.shape[1]}")
+    if context_lens.shape != (batch,) or context_lens.dtype != jnp.int32:
+        raise ValueError(f"context_lens: expected i32[{batch}], got {context_lens.dtype}{list(context_lens.shape)}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def contiguous_attention_reference(
+    q: jax.Array,  # [B, Hq, D]
+    k: jax.Array,  # [B, Hkv, L, D]
+    v: jax.Array,  # [B, Hkv, L, D]
+    context_lens: jax.Array,  # i32[B]
+    *,
+    scale: float,
+) -> jax.Array:  # [B, Hq, D]
+    """Plain-jnp masked softmax attention over a contiguous cache (the XLA path)."""
+    _check_shapes(q, k, v, context_lens)
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, max_len = k.shape[1], k.shape[2]
+    valid = jnp.arange(max_len)[None, :] < context_lens[:, None]  # [B, L]
+    v = jnp.where(valid[:, None, :, None], v, 0).astype(jnp.float32)
+    qg = q.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim).astype(jnp.float32)
+    s = jnp.einsum("bhgd,bhld->bhgl", qg, k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
+    s = jnp.where(valid[:, None, None, :], s, -jnp.inf)  # [B, Hkv, G, L]
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum("bhgl,bhld->bhgd", p, v, precision=jax.lax.Precision.HIGHEST)
+    o = o / jnp.where(denom > 0, denom, 1.0)
+    return o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _contiguous_kernel(
+    lens_ref,  # i32[1]
+    q_ref,  # [Gp, D]
+    k_ref,  # [L, D]: this sequence's K region for this KV head
+    v_ref,  # [L, D]
+    o_ref,  # f32[Gp, D]
+    m_ref,  # f32[Gp]
+    l_ref,  # f32[Gp]
+    *,
+    scale: float,
+    block_k: int,
+    chunks_per_split: int,
+):
+    max_len, head_dim = k_ref.shape
+    length = lens_ref[0]
+    first_chunk = pl.program_id(2) * chunks_per_split
+    num_chunks = jnp.clip(pl.cdiv(length, block_k) - first_chunk, 0, chunks_per_split)
+    q = q_ref[...]
+
+    def body(c, state):
+        start = (first_chunk + c) * block_k
+        k = k_ref[pl.ds(start, block_k), :]  # [Bk, D]
+        v = v_ref[pl.ds(start, block_k), :]  # [Bk, D]
+        valid = start + jnp.arange(block_k) < length
+        return online_softmax_step(state, q, k, v, valid[None, :], valid, scale=scale)
+
+    o, m, l = jax.lax.fori_loop(0, num_chunks, body, init_softmax_state(q.shape[0], head_dim))
+    o_ref[...] = o
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_k", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
+def contiguous_attention(
+    q: jax.Array,  # [B, Hq, D]
+    k: jax.Array,  # [B, Hkv, L, D]
+    v: jax.Array,  # [B, Hkv, L, D]
+    context_lens: jax.Array,  # i32[B]
+    *,
+    scale: float,
+    block_k: int = 64,
+    num_splits: int = 4,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+) -> jax.Array:  # [B, Hq, D]
+    """Pallas decode attention over a contiguous cache; `max_len` must be a multiple of `block_k`."""
+    _check_shapes(q, k, v, context_lens)
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, max_len = k.shape[1], k.shape[2]
+    check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
+    check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
+    check_knob("num_splits", num_splits)
+    if max_len % block_k:
+        raise ValueError(f"k: max_len {max_len} must be a multiple of block_k {block_k}")
+    group = num_q_heads // num_kv_heads
+    group_pad = max(MIN_DOT_DIM, next_power_of_2(group))
+    num_chunks = max_len // block_k
+    splits = min(num_splits, num_chunks)
+    chunks_per_split = pl.cdiv(num_chunks, splits)
+    lens = jnp.minimum(context_lens, max_len)
+    qg = q.reshape(batch, num_kv_heads, group, head_dim)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
+
+    cache_spec = pl.BlockSpec((None, None, max_len, head_dim), lambda b, h, s: (b, h, 0, 0))
+    o, m, l = pl.pallas_call(
+        functools.partial(_contiguous_kernel, scale=scale, block_k=block_k, chunks_per_split=chunks_per_split),
+        grid=(batch, num_kv_heads, splits),
+        in_specs=[
+            pl.BlockSpec((1,), lambda b, h, s: (b,)),
+            pl.BlockSpec((None, None, group_pad, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            cache_spec,
+            cache_spec,
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
+            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
+        ],
+        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="contiguous_decode_attention",
+    )(lens, qg, k, v)
+    return combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
