@@ -53,6 +53,7 @@ class BlockManager:
         self._free_rows = list(range(rows - 1, -1, -1))
         self._row_of: dict[int, int] = {}  # seq id -> row of a resident (device) sequence
         self._host_tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
+        self._swapped_sets: dict[tuple[int, ...], int] = {}  # seq ids swapped out together -> distinct host blocks
 
     # ------------------------------------------------------------------ queries
 
@@ -138,6 +139,8 @@ class BlockManager:
         """Drops a sequence's references (device or host); blocks whose count reaches 0 become free."""
         if seq_id in self._host_tables:
             host_blocks, _ = self._host_tables.pop(seq_id)
+            for key in [k for k in self._swapped_sets if seq_id in k]:
+                del self._swapped_sets[key]
             self._release(self.host_refcount, self._host_free, np.asarray(host_blocks, dtype=np.int64))
             return
         if seq_id not in self._row_of:
@@ -171,40 +174,48 @@ class BlockManager:
         return int(opens_block.sum() + shared.sum())
 
     def can_append_slots(self, rows: np.ndarray) -> bool:
-        """Whether every row in `rows` can get a slot for one more token."""
+        """Whether every row in `rows` can surely get a slot for one more token."""
         return self.blocks_needed_to_append(rows) <= len(self._free)
 
-    def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Gives each row a slot for one more token.
+    def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """Gives each row a slot for one more token, or returns None (changing nothing) if blocks run out.
 
         A new block is taken only when the row's last block is full; a shared last block is copied
         first (copy-on-write). Returns the slots i32[len(rows)] and the (src, dst) copy pairs.
-        Check `can_append_slots` first: running out of blocks midway raises and is a caller bug.
+        This runs every decode step for every sequence: one pass of vectorized numpy, with Python
+        loops only over the few rows that open a block or copy one.
         """
         bs = self.block_size
         pos = self.num_tokens[rows]
         logical = pos // bs
-        if (logical >= self.max_blocks_per_seq).any():
-            raise ValueError(f"a sequence would exceed {self.max_blocks_per_seq * bs} tokens (max_model_len)")
-        opens_block = pos % bs == 0
+        offset = pos - logical * bs
+        # Table entries past a row's blocks are 0 and refcount[0] is 0, so a row that opens a new
+        # block never looks shared. An index past the table width raises IndexError: the engine
+        # finishes every sequence at max_model_len, so that is a caller bug.
+        last = self.block_tables[rows, logical]  # [n] physical block each row writes into
+        needs_block = np.flatnonzero((offset == 0) | (self.refcount[last] > 1)).tolist()
+        if len(needs_block) > len(self._free):
+            return None
         copy_pairs: list[tuple[int, int]] = []
-        for row in rows[opens_block].tolist():
-            block = self._free.pop()
-            self.block_tables[row, self.num_table_blocks[row]] = block
-            self.refcount[block] = 1
-            self.num_table_blocks[row] += 1
-        maybe_shared = ~opens_block & (self.refcount[self.block_tables[rows, logical]] > 1)
-        for row, idx in zip(rows[maybe_shared].tolist(), logical[maybe_shared].tolist()):
-            src = int(self.block_tables[row, idx])
-            if self.refcount[src] > 1:  # re-check: an earlier row may have copied away from it
-                dst = self._free.pop()
+        for i in needs_block:
+            row, idx = int(rows[i]), int(logical[i])
+            src = int(last[i])
+            if src == 0:  # the row's last block is full: open a new one
+                block = self._free.pop()
+                self.block_tables[row, idx] = block
+                self.refcount[block] = 1
+                self.num_table_blocks[row] = idx + 1
+            elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
+                block = self._free.pop()
                 self.refcount[src] -= 1
-                self.refcount[dst] = 1
-                self.block_tables[row, idx] = dst
-                copy_pairs.append((src, dst))
-        slots = self.block_tables[rows, logical] * bs + pos % bs
+                self.refcount[block] = 1
+                self.block_tables[row, idx] = block
+                copy_pairs.append((src, block))
+            else:
+                continue
+            last[i] = block
         self.num_tokens[rows] = pos + 1
-        return slots.astype(np.int32, copy=False), copy_pairs
+        return (last * bs + offset).astype(np.int32, copy=False), copy_pairs
 
     def slot_mapping(self, row: int, start: int, end: int) -> np.ndarray:
         """Slots of positions [start, end) of a row's sequence: table[p // B] * B + p % B."""
@@ -250,12 +261,16 @@ class BlockManager:
                                     int(self.num_tokens[row]))
             self._release(self.refcount, self._free, self.block_tables[row, :n])
             self._clear_row(row)
+        self._swapped_sets[tuple(seq_ids)] = len(host_of)
         return list(host_of.items())
 
     def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0) -> bool:
         """Whether the device pool has room for these swapped sequences plus `extra_blocks`."""
-        blocks, _ = self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)
-        return len(blocks) + extra_blocks <= len(self._free) - self.watermark_blocks
+        # A group is usually retried every step until it fits: remember its block count.
+        num_blocks = self._swapped_sets.get(tuple(seq_ids))
+        if num_blocks is None:
+            num_blocks = len(self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)[0])
+        return num_blocks + extra_blocks <= len(self._free) - self.watermark_blocks
 
     def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
         """Brings a group's swapped sequences back to the device; returns (host, device) copy pairs."""
@@ -265,6 +280,7 @@ class BlockManager:
         blocks, counts = self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)
         if len(blocks) > len(self._free):
             raise ValueError(f"cannot swap in: {len(blocks)} blocks needed, {len(self._free)} free")
+        self._swapped_sets.pop(tuple(seq_ids), None)
         device_of = {}
         for host, count in zip(blocks.tolist(), counts.tolist()):
             block = self._free.pop()

@@ -66,6 +66,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
+        self.num_seq_steps = 0  # sum over steps of sequences in the batch
 
     # ------------------------------------------------------------------ requests
 
@@ -139,23 +140,34 @@ class LLMEngine:
         for group in out.groups:
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = now - result.duration
+        self.num_seq_steps += plan.num_seqs
         if plan.num_seqs:
             if plan.is_prefill:
                 self.num_prefill_tokens += plan.num_tokens
+                for group in out.groups:  # a prefill step samples every admitted group's first token
+                    if group.first_token_time is None:
+                        group.first_token_time = now
             else:
                 self.num_decode_tokens += plan.num_seqs
-            self._process(plan, result.logits, now)
+            self._process(out.seqs, result.logits, now)
         self.scheduler.remove_finished()
         return self._drain_outputs()
 
-    def _process(self, plan, logits, now: float) -> None:
+    def _process(self, seqs: list[Sequence], logits, now: float) -> None:
         """Samples the step's rows, forks parallel samples after a prompt, advances beams."""
-        seqs = [self._seq(seq_id) for seq_id in plan.seq_ids]
+        group_of = self._group_of_seq
+        groups = [group_of[s.seq_id] for s in seqs]
+        if all(g.is_single for g in groups):  # the common case: one sequence per request
+            if logits is None:
+                self._append_all(seqs, groups, [SIMULATED_TOKEN] * len(seqs), None, now)
+            else:
+                result = sample(logits, self._sampling_batch([(s, i, 0) for i, s in enumerate(seqs)], groups))
+                self._append_all(seqs, groups, result.token_ids.tolist(), result.logprobs.tolist(), now)
+            return
         # One sampling row per (sequence, logits row, index of the sequence in its group).
         rows: list[tuple[Sequence, int, int]] = []
         beam_groups: dict[str, list[int]] = {}  # request id -> indices into `rows` of its beams
-        for logits_row, seq in enumerate(seqs):
-            group = self._group_of_seq[seq.seq_id]
+        for logits_row, (seq, group) in enumerate(zip(seqs, groups)):
             params = group.sampling_params
             if params.use_beam_search:
                 beam_groups.setdefault(group.request_id, []).append(len(rows))
@@ -166,22 +178,43 @@ class LLMEngine:
                     rows.append((seq if i == 0 else self._fork(group, seq), logits_row, i))
             else:
                 rows.append((seq, logits_row, group.seqs.index(seq) if params.n > 1 else 0))
+        row_groups = [group_of[seq.seq_id] for seq, _, _ in rows]
+        plain = [k for k, (seq, _, _) in enumerate(rows) if not row_groups[k].sampling_params.use_beam_search]
         if logits is None:
             if beam_groups:
                 raise ValueError("beam search needs a model that returns logits")
-            for seq, _, _ in rows:
-                self._append(seq, SIMULATED_TOKEN, 0.0, now)
-            return
-        result = sample(logits, self._sampling_batch(rows))
-        beam_rows = {i for indices in beam_groups.values() for i in indices}
-        for k, (seq, _, _) in enumerate(rows):
-            if k not in beam_rows:
-                self._append(seq, int(result.token_ids[k]), float(result.logprobs[k]), now)
-        for indices in beam_groups.values():
-            self._beam_step([rows[i][0] for i in indices], result.top_ids[indices], result.top_logprobs[indices], now)
+            tokens, logprobs = [SIMULATED_TOKEN] * len(rows), None
+        else:
+            result = sample(logits, self._sampling_batch(rows, row_groups))
+            tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
+            for indices in beam_groups.values():
+                self._beam_step([rows[i][0] for i in indices], result.top_ids[indices],
+                                result.top_logprobs[indices], now)
+        self._append_all([rows[k][0] for k in plain], [row_groups[k] for k in plain], [tokens[k] for k in plain],
+                         None if logprobs is None else [logprobs[k] for k in plain], now)
 
-    def _sampling_batch(self, rows: list[tuple[Sequence, int, int]]) -> SamplingBatch:
-        params = [self._group_of_seq[seq.seq_id].sampling_params for seq, _, _ in rows]
+    def _append_all(self, seqs: list[Sequence], groups: list[SequenceGroup], tokens: list[int],
+                    logprobs: list[float] | None, now: float) -> None:
+        """Appends one sampled token per sequence and applies the stop checks.
+
+        Runs for every sequence of every step, so the common path is an append and two compares.
+        """
+        if logprobs is not None:
+            for seq, logprob in zip(seqs, logprobs):
+                seq.cumulative_logprob += logprob
+        for seq, group, token in zip(seqs, groups, tokens):
+            ids = seq.token_ids
+            ids.append(token)
+            if len(ids) < group.max_total_len and token not in group.stop_set:
+                continue
+            stopped = token in group.stop_set
+            self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED if stopped else SequenceStatus.FINISHED_LENGTH)
+            if group.is_finished:
+                self._finish_group(group, None, now=now)
+
+    def _sampling_batch(self, rows: list[tuple[Sequence, int, int]], groups: list[SequenceGroup]) -> SamplingBatch:
+        """Sampling settings of each row (sequence, logits row, index of the sequence in its group)."""
+        params = [g.sampling_params for g in groups]
         widths = [p.n for p in params if p.use_beam_search]
         return SamplingBatch(
             logits_rows=np.array([r for _, r, _ in rows], np.int32),
@@ -189,15 +222,14 @@ class LLMEngine:
             top_k=np.array([p.top_k for p in params], np.int32),
             top_p=np.array([p.top_p for p in params], np.float32),
             seed=np.array([p.seed for p in params], np.uint32),
-            stream=np.array([request_stream(self._group_of_seq[seq.seq_id].request_id, i) for seq, _, i in rows],
-                            np.int32),
+            stream=np.array([request_stream(g.request_id, i) for g, (_, _, i) in zip(groups, rows)], np.int32),
             position=np.array([len(seq) for seq, _, _ in rows], np.int32),
             num_top=2 * max(widths, default=0))
 
     def _beam_step(self, beams: list[Sequence], top_ids, top_logprobs, now: float) -> None:
         group = self._group_of_seq[beams[0].seq_id]
         params = group.sampling_params
-        stops = frozenset(() if params.ignore_eos else params.stop_token_ids)
+        stops = group.stop_set
         live, finished = beam_search.select([b.cumulative_logprob for b in beams], top_ids, top_logprobs,
                                             params.n, stops)
         for cand in finished:
@@ -231,23 +263,9 @@ class LLMEngine:
                 self._finish_seq(seq, SequenceStatus.FINISHED_ABORTED)
             self._finish_group(group, None, now=now)
 
-    def _append(self, seq: Sequence, token: int, logprob: float, now: float) -> None:
-        group = self._group_of_seq[seq.seq_id]
-        params = group.sampling_params
-        seq.token_ids.append(token)
-        seq.cumulative_logprob += logprob
-        if group.first_token_time is None:
-            group.first_token_time = now
-        if not params.ignore_eos and token in params.stop_token_ids:
-            self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
-        elif seq.num_output_tokens >= params.max_tokens:
-            self._finish_seq(seq, SequenceStatus.FINISHED_LENGTH)
-        if seq.status.is_finished and group.is_finished:
-            self._finish_group(group, None, now=now)
-
     def _fork(self, group: SequenceGroup, parent: Sequence) -> Sequence:
         child = parent.fork(next(self._seq_ids))
-        self.scheduler.block_manager.fork(parent.seq_id, child.seq_id)
+        self.scheduler.fork_seq(parent, child)
         group.seqs.append(child)
         self._group_of_seq[child.seq_id] = group
         return child
@@ -272,18 +290,11 @@ class LLMEngine:
         self._pending_outputs.append(RequestOutput(
             group.request_id, group.seqs[0].token_ids[: group.prompt_len] if group.seqs else [],
             [s.output_token_ids for s in ranked], [s.cumulative_logprob for s in ranked],
-            [s.status.value for s in ranked], group.arrival_time, group.first_scheduled_time,
+            [s.status.label for s in ranked], group.arrival_time, group.first_scheduled_time,
             group.first_token_time, group.finish_time, error))
         del self._groups[group.request_id]
         for seq in group.seqs:
             self._group_of_seq.pop(seq.seq_id, None)
-
-    def _seq(self, seq_id: int) -> Sequence:
-        group = self._group_of_seq[seq_id]
-        for seq in group.seqs:
-            if seq.seq_id == seq_id:
-                return seq
-        raise KeyError(seq_id)
 
     def _drain_outputs(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []

@@ -19,7 +19,7 @@ import numpy as np
 
 from jpaged.block_manager import AllocStatus, BlockManager
 from jpaged.config import CacheConfig, SchedulerConfig
-from jpaged.sequence import SequenceGroup, SequenceStatus
+from jpaged.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.step_plan import StepPlan, bucket, pairs_array
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class SchedulerOutput:
     """One scheduling decision: the plan to execute and what happened to groups on the way."""
 
     plan: StepPlan
+    seqs: list[Sequence]  # the batch's sequences, row by row (read-only: the scheduler may reuse it)
     groups: list[SequenceGroup]  # groups with a sequence in the batch, in batch order
     rejected: list[tuple[SequenceGroup, str]]  # groups that can never run, with the reason
     num_preempted: int  # groups preempted in this step
@@ -48,6 +49,10 @@ class Scheduler:
         self.running: list[SequenceGroup] = []  # sorted by arrival_order
         self.swapped: collections.deque[SequenceGroup] = collections.deque()
         self.num_preemptions = 0
+        # The running sequences and their block-table rows, rebuilt only when the running set
+        # changes (admission, preemption, swap-in, fork, finish), not every decode step.
+        self._batch: tuple[list[Sequence], np.ndarray] | None = None
+        self._some_finished = False
 
     # ------------------------------------------------------------------ queue management
 
@@ -74,10 +79,19 @@ class Scheduler:
         bm = self.block_manager
         if bm.has_seq(seq_id) or bm.is_swapped(seq_id):
             bm.free(seq_id)
+        self._batch = None
+        self._some_finished = True
+
+    def fork_seq(self, parent: Sequence, child: Sequence) -> None:
+        """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        self._batch = None
 
     def remove_finished(self) -> None:
-        """Drops finished groups from the running list."""
-        self.running = [g for g in self.running if not g.is_finished]
+        """Drops finished groups from the running list (after sequences finished)."""
+        if self._some_finished:
+            self.running = [g for g in self.running if not g.is_finished]
+            self._some_finished = False
 
     # ------------------------------------------------------------------ scheduling
 
@@ -93,7 +107,7 @@ class Scheduler:
     def _schedule_prefill(self, rejected) -> SchedulerOutput | None:
         bm = self.block_manager
         cfg = self.config
-        num_running_seqs = sum(len(g.live_seqs(SequenceStatus.RUNNING)) for g in self.running)
+        num_running_seqs = len(self._running_batch()[0])
         admitted: list[SequenceGroup] = []
         num_tokens = 0
         while self.waiting:
@@ -121,34 +135,42 @@ class Scheduler:
             bisect.insort(self.running, group, key=lambda g: g.arrival_order)
         if not admitted:
             return None
-        return SchedulerOutput(self._prefill_plan(admitted), admitted, rejected, 0)
+        self._batch = None
+        plan, seqs = self._prefill_plan(admitted)
+        return SchedulerOutput(plan, seqs, admitted, rejected, 0)
 
     def _schedule_decode(self, rejected) -> SchedulerOutput:
         bm = self.block_manager
         num_preempted = 0
         swap_out: list[tuple[int, int]] = []
-        rows = self._rows(self.running)
-        while self.running and bm.blocks_needed_to_append(rows) > bm.num_free_blocks:
+        seqs, rows = self._running_batch()
+        while (appended := bm.append_slots(rows)) is None:
             victim = self.running.pop()  # the latest arrival
-            if not self.running and bm.blocks_needed_to_append(self._rows([victim])) > bm.num_free_blocks:
+            self._batch = None
+            if not self.running and bm.blocks_needed_to_append(self._running_batch()[1]) > bm.num_free_blocks:
+                self.running.append(victim)
                 rejected.append((victim, "its sequences outgrew the whole KV pool"))
-                for seq in victim.live_seqs():
-                    bm.free(seq.seq_id)
+                self.abort(victim)
             else:
                 swap_out += self._preempt(victim)
                 num_preempted += 1
-            rows = self._rows(self.running)
+            seqs, rows = self._running_batch()
+        slots, copy_pairs = appended
         swap_in: list[tuple[int, int]] = []
-        if num_preempted == 0:
-            swap_in = self._swap_in()
-            rows = self._rows(self.running)
-        slots, copy_pairs = bm.append_slots(rows) if len(rows) else (np.zeros(0, np.int32), [])
-        plan = self._decode_plan(rows, slots)
+        if num_preempted == 0 and self.swapped:
+            swap_in, in_seqs = self._swap_in()
+            if in_seqs:
+                # Rows of a plan need not follow arrival order; the running list does.
+                in_rows = np.array([bm.row_of(s.seq_id) for s in in_seqs], dtype=np.int64)
+                in_slots, in_pairs = bm.append_slots(in_rows)  # room was checked by can_swap_in
+                seqs, rows = seqs + in_seqs, np.concatenate([rows, in_rows])
+                slots, copy_pairs = np.concatenate([slots, in_slots]), copy_pairs + in_pairs
+        plan = self._decode_plan(seqs, rows, slots)
         plan.copy_pairs = pairs_array(copy_pairs)
         plan.swap_in_pairs = pairs_array(swap_in)
         plan.swap_out_pairs = pairs_array(swap_out)
         self.num_preemptions += num_preempted
-        return SchedulerOutput(plan, list(self.running), rejected, num_preempted)
+        return SchedulerOutput(plan, seqs, self.running, rejected, num_preempted)
 
     def _preempt(self, group: SequenceGroup) -> list[tuple[int, int]]:
         """Evicts a whole group: swap when configured and room allows, else recompute."""
@@ -168,58 +190,67 @@ class Scheduler:
         self.waiting.appendleft(group)
         return []
 
-    def _swap_in(self) -> list[tuple[int, int]]:
+    def _swap_in(self) -> tuple[list[tuple[int, int]], list[Sequence]]:
+        """Brings swapped groups back, FIFO, while room allows; returns copy pairs and their sequences."""
         bm = self.block_manager
         pairs: list[tuple[int, int]] = []
-        num_seqs = sum(len(g.live_seqs(SequenceStatus.RUNNING)) for g in self.running)
+        seqs: list[Sequence] = []
+        num_seqs = len(self._running_batch()[0])
         while self.swapped:
             group = self.swapped[0]
-            seq_ids = [s.seq_id for s in group.live_seqs(SequenceStatus.SWAPPED)]
+            group_seqs = group.live_seqs(SequenceStatus.SWAPPED)
+            seq_ids = [s.seq_id for s in group_seqs]
             # Room for the blocks plus one new block per sequence for this step's token.
             if num_seqs + len(seq_ids) > self.config.max_num_seqs or not bm.can_swap_in(seq_ids, len(seq_ids)):
                 break
             self.swapped.popleft()
+            self._batch = None
             pairs += bm.swap_in(seq_ids)
-            for seq in group.live_seqs(SequenceStatus.SWAPPED):
+            for seq in group_seqs:
                 seq.status = SequenceStatus.RUNNING
+            seqs += group_seqs
             num_seqs += len(seq_ids)
             bisect.insort(self.running, group, key=lambda g: g.arrival_order)
-        return pairs
+        return pairs, seqs
 
     # ------------------------------------------------------------------ plans
 
-    def _rows(self, groups: list[SequenceGroup]) -> np.ndarray:
-        row_of = self.block_manager.row_of
-        return np.fromiter((row_of(s.seq_id) for g in groups for s in g.seqs
-                            if s.status is SequenceStatus.RUNNING), dtype=np.int64)
+    def _running_batch(self) -> tuple[list[Sequence], np.ndarray]:
+        """Running sequences in FCFS group order and their block-table rows i64[n] (cached)."""
+        if self._batch is None:
+            running = SequenceStatus.RUNNING
+            seqs = [s for g in self.running for s in g.seqs if s.status is running]
+            row_of = self.block_manager.row_of
+            self._batch = seqs, np.fromiter((row_of(s.seq_id) for s in seqs), dtype=np.int64, count=len(seqs))
+        return self._batch
 
     def _table_width(self, rows: np.ndarray) -> int:
         bm = self.block_manager
         longest = int(bm.num_table_blocks[rows].max()) if len(rows) else 1
         return min(bucket(longest), bm.max_blocks_per_seq)
 
-    def _decode_plan(self, rows: np.ndarray, slots: np.ndarray) -> StepPlan:
+    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray) -> StepPlan:
         bm = self.block_manager
-        seqs = [s for g in self.running for s in g.seqs if s.status is SequenceStatus.RUNNING]
         n = len(seqs)
         size = bucket(n)
-        token_ids = np.zeros(size, np.int32)
+        # One allocation for the five per-row vectors (this runs every decode step).
+        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = np.split(
+            np.zeros(5 * size + 1, np.int32), [size, 2 * size, 3 * size, 4 * size])
         token_ids[:n] = [s.token_ids[-1] for s in seqs]
-        positions = np.zeros(size, np.int32)
-        context_lens = np.zeros(size, np.int32)
         context_lens[:n] = bm.num_tokens[rows]
-        positions[:n] = context_lens[:n] - 1
-        slot_mapping = np.zeros(size, np.int32)
+        positions = context_lens - 1
+        positions[n:] = 0
         slot_mapping[:n] = slots
-        tables = np.zeros((size, self._table_width(rows)), np.int32)
-        tables[:n] = bm.block_tables[rows, : tables.shape[1]]
-        query_start_loc = np.minimum(np.arange(size + 1, dtype=np.int32), n)
-        logits_indices = np.arange(size, dtype=np.int32)
-        logits_indices[n:] = 0
+        logits_indices[:n] = np.arange(n)
+        query_start_loc[: n + 1] = np.arange(n + 1)
+        query_start_loc[n + 1:] = n
+        width = min(bucket(int(bm.num_table_blocks[rows].max()) if n else 1), bm.max_blocks_per_seq)
+        tables = np.zeros((size, width), np.int32)
+        tables[:n] = bm.block_tables[rows, :width]
         return StepPlan(False, n, n, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices, [s.seq_id for s in seqs])
+                        tables, logits_indices)
 
-    def _prefill_plan(self, groups: list[SequenceGroup]) -> StepPlan:
+    def _prefill_plan(self, groups: list[SequenceGroup]) -> tuple[StepPlan, list[Sequence]]:
         bm = self.block_manager
         seqs = [s for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
         starts = [g.num_prefilled_tokens for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
@@ -247,4 +278,4 @@ class Scheduler:
         for g in groups:
             g.num_prefilled_tokens = len(g.seqs[0])
         return StepPlan(True, n, total, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices, [s.seq_id for s in seqs])
+                        tables, logits_indices), seqs

@@ -12,20 +12,19 @@ import enum
 
 
 class SequenceStatus(enum.Enum):
-    """Where a sequence is in its life."""
+    """Where a sequence is in its life; `label` is the finish reason reported to users."""
 
-    WAITING = "waiting"  # queued for (re)prefill: new, or preempted by recompute
-    RUNNING = "running"  # holds device blocks and is decoded each step
-    SWAPPED = "swapped"  # preempted by swap: its blocks live in host memory
-    FINISHED_STOPPED = "stop"  # emitted a stop token
-    FINISHED_LENGTH = "length"  # reached max_tokens or max_model_len
-    FINISHED_ABORTED = "abort"  # aborted by the user, or rejected
+    WAITING = ("waiting", False)  # queued for (re)prefill: new, or preempted by recompute
+    RUNNING = ("running", False)  # holds device blocks and is decoded each step
+    SWAPPED = ("swapped", False)  # preempted by swap: its blocks live in host memory
+    FINISHED_STOPPED = ("stop", True)  # emitted a stop token
+    FINISHED_LENGTH = ("length", True)  # reached max_tokens or max_model_len
+    FINISHED_ABORTED = ("abort", True)  # aborted by the user, or rejected
 
-    @property
-    def is_finished(self) -> bool:
-        """True for the three terminal statuses."""
-        return self in (SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                        SequenceStatus.FINISHED_ABORTED)
+    def __init__(self, label: str, finished: bool):
+        self.label = label
+        # A plain attribute, not a property: it is read for every sequence of every step.
+        self.is_finished = finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +115,13 @@ class SequenceGroup:
     finish_time: float | None = None
     num_prefilled_tokens: int = 0  # tokens whose K/V the group's first sequence holds (prefix hits included)
     finished_beams: list[Sequence] = dataclasses.field(default_factory=list)  # beam search: completed hypotheses
+
+    def __post_init__(self) -> None:
+        params = self.sampling_params
+        # Stop checks run for every sequence every step: precompute what they read.
+        self.stop_set = frozenset(() if params.ignore_eos else params.stop_token_ids)
+        self.max_total_len = self.seqs[0].prompt_len + params.max_tokens
+        self.is_single = params.n == 1 and not params.use_beam_search  # one sequence for its whole life
 
     @property
     def prompt_len(self) -> int:

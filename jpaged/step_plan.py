@@ -44,7 +44,6 @@ class StepPlan:
     context_lens: np.ndarray  # i32[S] tokens of context after this step's writes (0 = padding)
     block_tables: np.ndarray  # i32[S, M] physical block of each logical block (padding -> 0)
     logits_indices: np.ndarray  # i32[S] token row whose logits are sampled for each sequence
-    seq_ids: list[int]  # sequence id of each real row, in batch order (host bookkeeping only)
     copy_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (src, dst) device blocks, copy-on-write
     swap_in_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (host, device) blocks to copy in
     swap_out_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (device, host) blocks to copy out

@@ -44,11 +44,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def append(self, data):
         seqs = data.draw(st.lists(st.sampled_from(sorted(self.resident)), min_size=1, max_size=4, unique=True))
         rows = np.array([self.bm.row_of(s) for s in seqs])
-        if (self.bm.num_tokens[rows] >= 48).any() or not self.bm.can_append_slots(rows):
+        if (self.bm.num_tokens[rows] >= 48).any():
             return
         free_before = self.bm.num_free_blocks
+        refcount_before = self.bm.refcount.copy()
         bound = self.bm.blocks_needed_to_append(rows)
-        slots, pairs = self.bm.append_slots(rows)
+        surely = self.bm.can_append_slots(rows)
+        result = self.bm.append_slots(rows)
+        if result is None:  # out of blocks: nothing may have changed
+            assert not surely
+            assert self.bm.num_free_blocks == free_before
+            np.testing.assert_array_equal(self.bm.refcount, refcount_before)
+            return
+        slots, pairs = result
         for slot in slots.tolist():
             block = slot // BLOCK_SIZE
             assert block != 0
