@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.executors.base import StepResult
+from jpaged.checkpoint import load_params
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.presets import get_preset
@@ -42,10 +42,11 @@ class JaxExecutor:
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
         """`params` overrides config.model (dummy seeded weights or a local checkpoint)."""
         model, cache = config.model, config.cache
-        self.spec = get_preset(model.name)
-        self.dtype = jnp.dtype(model.dtype)
         if params is None:
-            params = _load_params(config)
+            self.spec, params = load_params(model)
+        else:
+            self.spec = get_preset(model.name)
+        self.dtype = jnp.dtype(model.dtype)
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,
                                   attention_backend=model.attention_backend)
         self.kv_pool = init_kv_pool(self.spec, cache.num_blocks, cache.block_size, self.dtype)
@@ -104,14 +105,3 @@ class JaxExecutor:
         k_pool = cache_ops.scatter_blocks(k_pool, device_ids, jnp.asarray(k_blocks))
         v_pool = cache_ops.scatter_blocks(v_pool, device_ids, jnp.asarray(v_blocks))
         return k_pool, v_pool
-
-
-def _load_params(config: EngineConfig) -> decoder.Params:
-    model = config.model
-    spec = get_preset(model.name)
-    if model.checkpoint is None:
-        return decoder.init_params(spec, seed=model.seed, dtype=jnp.dtype(model.dtype))
-    from jpaged import checkpoint
-
-    params, _ = checkpoint.restore(model.checkpoint)
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(model.dtype)), params)
