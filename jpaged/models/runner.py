@@ -20,18 +20,10 @@ from jpaged.models import decoder, layers
 from jpaged.models.kv_pool import KVPool
 from jpaged.models.presets import ModelSpec
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
+from pallas_kernels.common import resolve_backend
 
 STEP_ARRAYS = ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens",
                "query_start_loc", "logits_indices")
-
-
-def resolve_backend(attention_backend: str) -> str:
-    """"auto" -> "pallas" on GPU, "xla" elsewhere (Pallas interpret mode is slow on CPU)."""
-    if attention_backend not in ("auto", "pallas", "xla"):
-        raise ValueError(f"attention_backend must be auto, pallas or xla, got {attention_backend!r}")
-    if attention_backend == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
-    return attention_backend
 
 
 def step_arrays(plan: Any) -> dict[str, np.ndarray]:
@@ -66,17 +58,12 @@ class ModelRunner:
         self.spec = spec
         self.params = params
         self.block_size = block_size
-        self.backend = resolve_backend(attention_backend)
+        self.backend = resolve_backend(attention_backend)  # "auto" -> pallas on GPU, xla elsewhere
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
-        if self.backend == "pallas":
-            interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-            decode_attn = functools.partial(paged_attention.paged_attention, scale=scale, interpret=interpret)
-            prefill_attn = functools.partial(paged_prefill.paged_prefill_attention, scale=scale,
-                                             interpret=interpret)
-        else:
-            decode_attn = functools.partial(paged_attention.paged_attention_reference, scale=scale)
-            prefill_attn = functools.partial(paged_prefill.paged_prefill_attention_reference, scale=scale)
+        interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+        decode_attn = functools.partial(paged_attention.select_impl(self.backend, interpret=interpret), scale=scale)
+        prefill_attn = functools.partial(paged_prefill.select_impl(self.backend, interpret=interpret), scale=scale)
         self._decode = jax.jit(functools.partial(self._step, _without_query_ranges(decode_attn)),
                                donate_argnums=(1,))
         self._prefill = jax.jit(functools.partial(self._step, prefill_attn), donate_argnums=(1,))

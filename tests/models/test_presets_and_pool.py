@@ -1,0 +1,65 @@
+"""Preset sizes, KV pool layout and sizing, and the runner's argument checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jpaged.models import decoder
+from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes, num_blocks_for_budget
+from jpaged.models.presets import get_preset, preset_names
+from jpaged.models.runner import ModelRunner
+
+
+def test_real_preset_sizes():
+    # Parameter counts of the published checkpoints; KV bytes/token = 2 x layers x hidden x 2 B (fp16).
+    assert get_preset("opt-125m").num_params() == 125_239_296
+    assert get_preset("opt-13b").kv_bytes_per_token("float16") == 819_200  # the paper's 800 KB
+    assert abs(get_preset("opt-13b").param_bytes("float16") / 1e9 - 25.7) < 0.1  # Table 1: 26 GB
+    assert abs(get_preset("opt-175b").num_params() / 1e9 - 174.6) < 0.1
+    assert abs(get_preset("llama-7b").num_params() / 1e9 - 6.74) < 0.01
+    assert abs(get_preset("llama-13b").num_params() / 1e9 - 13.02) < 0.01
+    assert get_preset("tiny-llama").num_kv_heads < get_preset("tiny-llama").num_heads  # GQA
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-copy"])
+def test_num_params_matches_initialised_tree(name):
+    spec = get_preset(name)
+    assert decoder.param_count(decoder.init_params(spec)) == spec.num_params()
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(ValueError, match="opt-13b.*llama-7b"):
+        get_preset("gpt-2")
+    assert {"opt-125m", "opt-66b", "llama-13b", "tiny-opt", "tiny-llama"} <= set(preset_names())
+
+
+def test_kv_pool_layout_and_budget():
+    spec = get_preset("tiny-llama")
+    k, v = init_kv_pool(spec, num_blocks=10, block_size=16)
+    assert k.shape == v.shape == (2, 2, 10, 16, 16)
+    assert kv_pool_bytes(spec, 10, 16) == k.nbytes + v.nbytes
+    budget = spec.param_bytes("float32") + kv_pool_bytes(spec, 10, 16) + 100
+    assert num_blocks_for_budget(spec, 16, budget) == 10
+    # OPT-13B on an A100-40GB with 12 GB for the KV cache (Table 1): 15.7K slots.
+    opt13 = get_preset("opt-13b")
+    blocks = num_blocks_for_budget(opt13, 16, opt13.param_bytes("float16") + 12 * 1024**3, "float16")
+    assert abs(blocks * 16 - 15_728) < 16
+    with pytest.raises(ValueError, match="budget"):
+        num_blocks_for_budget(spec, 16, spec.param_bytes("float32"))
+    with pytest.raises(ValueError, match="budget: a fraction"):
+        num_blocks_for_budget(spec, 16, 1.5)
+
+
+def test_runner_checks_pool_and_arrays():
+    spec = get_preset("tiny-opt")
+    runner = ModelRunner(spec, decoder.init_params(spec), block_size=16, attention_backend="xla")
+    arrays = {name: np.zeros(1, np.int32) for name in ("token_ids", "positions", "slot_mapping", "context_lens",
+                                                        "logits_indices")}
+    arrays |= {"block_tables": np.zeros((1, 1), np.int32), "query_start_loc": np.array([0, 1], np.int32)}
+    with pytest.raises(ValueError, match="k_pool"):
+        runner.decode(init_kv_pool(spec, 4, 8), arrays)
+    with pytest.raises(ValueError, match="positions: expected int32"):
+        runner.decode(init_kv_pool(spec, 4, 16), arrays | {"positions": np.zeros(1, np.int64)})
+    with pytest.raises(ValueError, match="attention_backend|backend"):
+        ModelRunner(spec, {}, block_size=16, attention_backend="cuda")
