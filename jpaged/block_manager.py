@@ -13,8 +13,11 @@ Python lists used as stacks (O(1) pop and push). Pure Python + numpy: no jax imp
 from __future__ import annotations
 
 import enum
+from typing import Hashable
 
 import numpy as np
+
+from jpaged.prefix_cache import PrefixCache
 
 
 class AllocStatus(enum.Enum):
@@ -29,7 +32,7 @@ class BlockManager:
     """Device and host block pools, reference counts and the block tables of live sequences."""
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int, max_model_len: int,
-                 watermark: float = 0.01, max_seqs: int = 256):
+                 watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False):
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
         if block_size < 1:
@@ -54,13 +57,18 @@ class BlockManager:
         self._row_of: dict[int, int] = {}  # seq id -> row of a resident (device) sequence
         self._host_tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
         self._swapped_sets: dict[tuple[int, ...], int] = {}  # seq ids swapped out together -> distinct host blocks
+        # Cached blocks without references stay off the free list until evicted on demand.
+        self.prefix_cache = (PrefixCache(block_size, lambda block: self.refcount[block] > 0)
+                             if enable_prefix_caching else None)
 
     # ------------------------------------------------------------------ queries
 
     @property
     def num_free_blocks(self) -> int:
-        """Free device blocks (block 0 excluded)."""
-        return len(self._free)
+        """Device blocks available now: free ones plus unreferenced cached ones (block 0 excluded)."""
+        if self.prefix_cache is None:
+            return len(self._free)
+        return len(self._free) + self.prefix_cache.num_evictable
 
     @property
     def num_usable_blocks(self) -> int:
@@ -73,8 +81,8 @@ class BlockManager:
         return len(self._host_free)
 
     def usage(self) -> float:
-        """Fraction of usable device blocks in use."""
-        return 1.0 - len(self._free) / (self.num_blocks - 1)
+        """Fraction of usable device blocks referenced by live sequences."""
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
 
     def has_seq(self, seq_id: int) -> bool:
         """True when `seq_id` holds device blocks."""
@@ -102,9 +110,11 @@ class BlockManager:
 
     # ------------------------------------------------------------------ allocate / free
 
-    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None) -> AllocStatus:
+    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None, *,
+                     token_ids: list[int] | None = None, cache_salt: Hashable = None) -> AllocStatus:
         """Whether `num_seqs` fresh sequences of `num_tokens` tokens each fit, keeping the watermark free.
 
+        With prefix caching and `token_ids`, blocks of the cached prefix count as already there.
         `final_len` (the most tokens a sequence may reach) is unused here: paged allocation reserves
         nothing ahead. Contiguous baselines take the same arguments and reserve by it.
         """
@@ -112,10 +122,43 @@ class BlockManager:
         need = need_per_seq * num_seqs
         if need_per_seq > self.max_blocks_per_seq or need > self.num_usable_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
-        return AllocStatus.OK if len(self._free) - need >= self.watermark_blocks else AllocStatus.LATER
+        available = self.num_free_blocks
+        if self.prefix_cache is not None and token_ids is not None and num_seqs == 1:
+            hits = self._match(token_ids, cache_salt)
+            # A hit needs no new block, but an unreferenced one stops being reclaimable.
+            need -= len(hits)
+            available -= sum(1 for b in hits if self.refcount[b] == 0)
+        return AllocStatus.OK if available - need >= self.watermark_blocks else AllocStatus.LATER
 
     def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None) -> int:
         """Gives a new sequence blocks for its first `num_tokens` tokens; returns its table row."""
+        return self._allocate(seq_id, num_tokens, [])
+
+    def allocate_with_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> tuple[int, int]:
+        """Allocates like `allocate`, sharing the longest cached prefix of whole blocks.
+
+        Returns (row, cached tokens). At least the last token is never a hit, so the prefill has
+        a token to compute logits from.
+        """
+        if self.prefix_cache is None:
+            raise ValueError("allocate_with_prefix needs enable_prefix_caching=True")
+        hits = self._match(token_ids, cache_salt)
+        row = self._allocate(seq_id, len(token_ids), hits)
+        return row, len(hits) * self.block_size
+
+    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> None:
+        """Offers a resident sequence's full blocks (those whose K/V is written) to the prefix cache."""
+        if self.prefix_cache is None:
+            return
+        row = self.row_of(seq_id)
+        num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
+        self.prefix_cache.insert(token_ids[: num_full * self.block_size],
+                                 self.block_tables[row, :num_full].tolist(), cache_salt)
+
+    def _match(self, token_ids: list[int], cache_salt: Hashable) -> list[int]:
+        return self.prefix_cache.match(token_ids, cache_salt, (len(token_ids) - 1) // self.block_size)
+
+    def _allocate(self, seq_id: int, num_tokens: int, shared: list[int]) -> int:
         if seq_id in self._row_of or seq_id in self._host_tables:
             raise ValueError(f"sequence {seq_id} already holds blocks")
         if num_tokens < 1:
@@ -124,13 +167,18 @@ class BlockManager:
         if need > self.max_blocks_per_seq:
             raise ValueError(f"{num_tokens} tokens need {need} blocks, more than the "
                              f"{self.max_blocks_per_seq} a block table holds (max_model_len)")
-        if need > len(self._free):
-            raise ValueError(f"{num_tokens} tokens need {need} blocks but only {len(self._free)} are free "
-                             f"(pool of {self.num_usable_blocks}); check can_allocate first")
+        reclaimed = sum(1 for b in shared if self.refcount[b] == 0)
+        if need - len(shared) > self.num_free_blocks - reclaimed:
+            raise ValueError(f"{num_tokens} tokens need {need - len(shared)} blocks but only "
+                             f"{self.num_free_blocks - reclaimed} are free (pool of {self.num_usable_blocks}); "
+                             f"check can_allocate first")
         row = self._take_row(seq_id)
-        blocks = [self._free.pop() for _ in range(need)]
+        if shared:
+            self.refcount[shared] += 1
+            self.prefix_cache.touch(shared)  # referenced now: no longer evictable
+        blocks = shared + [self._take_block() for _ in range(need - len(shared))]
         self.block_tables[row, :need] = blocks
-        self.refcount[blocks] = 1
+        self.refcount[blocks[len(shared):]] = 1
         self.num_table_blocks[row] = need
         self.num_tokens[row] = num_tokens
         return row
@@ -175,7 +223,7 @@ class BlockManager:
 
     def can_append_slots(self, rows: np.ndarray) -> bool:
         """Whether every row in `rows` can surely get a slot for one more token."""
-        return self.blocks_needed_to_append(rows) <= len(self._free)
+        return self.blocks_needed_to_append(rows) <= self.num_free_blocks
 
     def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """Gives each row a slot for one more token, or returns None (changing nothing) if blocks run out.
@@ -194,19 +242,19 @@ class BlockManager:
         # finishes every sequence at max_model_len, so that is a caller bug.
         last = self.block_tables[rows, logical]  # [n] physical block each row writes into
         needs_block = np.flatnonzero((offset == 0) | (self.refcount[last] > 1)).tolist()
-        if len(needs_block) > len(self._free):
+        if len(needs_block) > self.num_free_blocks:
             return None
         copy_pairs: list[tuple[int, int]] = []
         for i in needs_block:
             row, idx = int(rows[i]), int(logical[i])
             src = int(last[i])
             if src == 0:  # the row's last block is full: open a new one
-                block = self._free.pop()
+                block = self._take_block()
                 self.block_tables[row, idx] = block
                 self.refcount[block] = 1
                 self.num_table_blocks[row] = idx + 1
             elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
-                block = self._free.pop()
+                block = self._take_block()
                 self.refcount[src] -= 1
                 self.refcount[block] = 1
                 self.block_tables[row, idx] = block
@@ -270,7 +318,7 @@ class BlockManager:
         num_blocks = self._swapped_sets.get(tuple(seq_ids))
         if num_blocks is None:
             num_blocks = len(self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)[0])
-        return num_blocks + extra_blocks <= len(self._free) - self.watermark_blocks
+        return num_blocks + extra_blocks <= self.num_free_blocks - self.watermark_blocks
 
     def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
         """Brings a group's swapped sequences back to the device; returns (host, device) copy pairs."""
@@ -278,12 +326,12 @@ class BlockManager:
             if s not in self._host_tables:
                 raise KeyError(f"sequence {s} is not swapped out")
         blocks, counts = self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)
-        if len(blocks) > len(self._free):
-            raise ValueError(f"cannot swap in: {len(blocks)} blocks needed, {len(self._free)} free")
+        if len(blocks) > self.num_free_blocks:
+            raise ValueError(f"cannot swap in: {len(blocks)} blocks needed, {self.num_free_blocks} free")
         self._swapped_sets.pop(tuple(seq_ids), None)
         device_of = {}
         for host, count in zip(blocks.tolist(), counts.tolist()):
-            block = self._free.pop()
+            block = self._take_block()
             self.refcount[block] = count
             device_of[host] = block
         for s in seq_ids:
@@ -312,9 +360,18 @@ class BlockManager:
         # A shared block holds the same tokens for every sharer; count it once (its largest fill).
         per_block = np.zeros(self.num_blocks, dtype=np.int64)
         np.maximum.at(per_block, blocks, fill[valid])
-        return int(per_block.sum()), int((self.num_blocks - 1 - len(self._free)) * bs)
+        return int(per_block.sum()), int((self.num_usable_blocks - self.num_free_blocks) * bs)
 
     # ------------------------------------------------------------------ internals
+
+    def _take_block(self) -> int:
+        """A free device block, evicting the least recently used unreferenced cached block if needed."""
+        if self._free:
+            return self._free.pop()
+        block = self.prefix_cache.evict() if self.prefix_cache is not None else None
+        if block is None:
+            raise RuntimeError("out of device blocks: callers must check can_allocate / append_slots first")
+        return block
 
     def _take_row(self, seq_id: int) -> int:
         if not self._free_rows:
@@ -336,8 +393,19 @@ class BlockManager:
         self.num_tokens[row] = 0
         self._free_rows.append(row)
 
-    @staticmethod
-    def _release(refcount: np.ndarray, free_list: list[int], blocks: np.ndarray) -> None:
-        """Decrements each block once (blocks must be distinct) and frees those that reach 0."""
+    def _release(self, refcount: np.ndarray, free_list: list[int], blocks: np.ndarray) -> None:
+        """Decrements each block once (blocks must be distinct) and frees those that reach 0.
+
+        A device block held by the prefix cache stays cached (evictable) instead of going free.
+        """
         refcount[blocks] -= 1
-        free_list.extend(blocks[refcount[blocks] == 0].tolist())
+        unreferenced = blocks[refcount[blocks] == 0].tolist()
+        cache = self.prefix_cache
+        if cache is None or free_list is self._host_free:
+            free_list.extend(unreferenced)
+            return
+        for block in unreferenced:
+            if block in cache:
+                cache.release(block)
+            else:
+                free_list.append(block)

@@ -71,8 +71,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Queues a request; raises ValueError naming the problem if it can never be served."""
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        """Queues a request; raises ValueError naming the problem if it can never be served.
+
+        Requests with different `cache_salt` never share prefix-cache blocks.
+        """
         cfg = self.config
         prompt = list(prompt_token_ids)
         if request_id in self._groups:
@@ -102,7 +105,7 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), prompt)
         group = SequenceGroup(request_id, [seq], params,
                               self.executor.now() if arrival_time is None else arrival_time,
-                              next(self._arrivals))
+                              next(self._arrivals), cache_salt=cache_salt)
         self._groups[request_id] = group
         self._group_of_seq[seq.seq_id] = group
         self.scheduler.add(group)
@@ -244,7 +247,7 @@ class LLMEngine:
         for parent_index, parent in enumerate(beams):
             kids = children.get(parent_index, [])
             if not kids:  # dropped beam: give its blocks back
-                self.scheduler.free_seq(parent.seq_id)
+                self.scheduler.free_seq(parent, group)
                 group.seqs.remove(parent)
                 del self._group_of_seq[parent.seq_id]
                 continue
@@ -272,7 +275,7 @@ class LLMEngine:
 
     def _finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
         seq.status = status
-        self.scheduler.free_seq(seq.seq_id)
+        self.scheduler.free_seq(seq, self._group_of_seq[seq.seq_id])
 
     def _finish_group(self, group: SequenceGroup, status: SequenceStatus | None, now: float | None = None,
                       error: str | None = None) -> None:
@@ -335,6 +338,18 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "kv_usage": bm.usage(),
             "num_compilations": getattr(self.executor, "num_compilations", 0),
+            **self.prefix_cache_stats(),
+        }
+
+    def prefix_cache_stats(self) -> dict:
+        """Prefix-cache hit rate (cached tokens / prompt tokens admitted), cached blocks, evictions."""
+        scheduler = self.scheduler
+        cache = getattr(scheduler.block_manager, "prefix_cache", None)
+        return {
+            "prefix_cache_hit_rate": scheduler.num_cached_tokens / max(scheduler.num_prompt_tokens, 1),
+            "prefix_cached_tokens": scheduler.num_cached_tokens,
+            "prefix_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
+            "prefix_cache_evictions": cache.num_evictions if cache is not None else 0,
         }
 
 

@@ -44,7 +44,11 @@ class Scheduler:
         self.block_size = cache.block_size
         self.block_manager = block_manager or BlockManager(
             cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
-            watermark=cache.watermark, max_seqs=config.max_num_seqs)
+            watermark=cache.watermark, max_seqs=config.max_num_seqs,
+            enable_prefix_caching=cache.enable_prefix_caching)
+        self.prefix_caching = cache.enable_prefix_caching
+        self.num_prompt_tokens = 0  # tokens admitted for prefill (prompts, and recomputed outputs)
+        self.num_cached_tokens = 0  # of those, tokens served from the prefix cache
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival_order
         self.swapped: collections.deque[SequenceGroup] = collections.deque()
@@ -72,15 +76,25 @@ class Scheduler:
         if group in self.running:
             self.running.remove(group)
         for seq in group.seqs:
-            self.free_seq(seq.seq_id)
+            self.free_seq(seq, group)
 
-    def free_seq(self, seq_id: int) -> None:
-        """Frees a sequence's blocks if it holds any (finished or dropped beams)."""
-        bm = self.block_manager
-        if bm.has_seq(seq_id) or bm.is_swapped(seq_id):
-            bm.free(seq_id)
+    def free_seq(self, seq: Sequence, group: SequenceGroup) -> None:
+        """Frees a sequence's blocks if it holds any (finished or dropped beams).
+
+        With prefix caching its full blocks stay cached for later requests with the same prefix.
+        """
+        self._release(seq, group)
         self._batch = None
         self._some_finished = True
+
+    def _release(self, seq: Sequence, group: SequenceGroup) -> None:
+        bm = self.block_manager
+        if bm.has_seq(seq.seq_id):
+            if self.prefix_caching:
+                bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt)
+            bm.free(seq.seq_id)
+        elif bm.is_swapped(seq.seq_id):
+            bm.free(seq.seq_id)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
@@ -109,13 +123,16 @@ class Scheduler:
         cfg = self.config
         num_running_seqs = len(self._running_batch()[0])
         admitted: list[SequenceGroup] = []
+        starts: dict[int, int] = {}  # seq id -> tokens already cached (the prefill computes the rest)
         num_tokens = 0
         while self.waiting:
             group = self.waiting[0]
             seqs = group.live_seqs(SequenceStatus.WAITING)
-            group_tokens = sum(len(s) for s in seqs)  # each sequence is prefilled whole
+            group_tokens = sum(len(s) for s in seqs)  # each sequence is prefilled whole (less cache hits)
             final_len = group.prompt_len + group.sampling_params.max_tokens
-            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs), final_len=final_len)
+            prefix = ({"token_ids": seqs[0].token_ids, "cache_salt": group.cache_salt}
+                      if self.prefix_caching else {})
+            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs), final_len=final_len, **prefix)
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
                 rejected.append((group, f"needs {sum(bm.blocks_for(len(s)) for s in seqs)} KV blocks, more than the "
@@ -127,8 +144,17 @@ class Scheduler:
                 break
             self.waiting.popleft()
             for seq in seqs:
-                bm.allocate(seq.seq_id, len(seq), final_len=final_len)
+                if self.prefix_caching:
+                    _, starts[seq.seq_id] = bm.allocate_with_prefix(seq.seq_id, seq.token_ids, group.cache_salt)
+                    # The prompt's full blocks are written by this step (each layer writes before
+                    # it attends), so later admissions, even in this batch, may share them.
+                    bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt)
+                else:
+                    bm.allocate(seq.seq_id, len(seq), final_len=final_len)
+                    starts[seq.seq_id] = 0
                 seq.status = SequenceStatus.RUNNING
+                self.num_prompt_tokens += len(seq)
+                self.num_cached_tokens += starts[seq.seq_id]
             num_tokens += group_tokens
             num_running_seqs += len(seqs)
             admitted.append(group)
@@ -136,7 +162,7 @@ class Scheduler:
         if not admitted:
             return None
         self._batch = None
-        plan, seqs = self._prefill_plan(admitted)
+        plan, seqs = self._prefill_plan(admitted, starts)
         return SchedulerOutput(plan, seqs, admitted, rejected, 0)
 
     def _schedule_decode(self, rejected) -> SchedulerOutput:
@@ -183,9 +209,8 @@ class Scheduler:
             self.swapped.append(group)
             return pairs
         for seq in group.live_seqs(SequenceStatus.RUNNING):
-            bm.free(seq.seq_id)
+            self._release(seq, group)
             seq.status = SequenceStatus.WAITING
-        group.num_prefilled_tokens = 0
         # Back to the front: FCFS by arrival, ahead of every request that arrived later.
         self.waiting.appendleft(group)
         return []
@@ -250,10 +275,10 @@ class Scheduler:
         return StepPlan(False, n, n, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         tables, logits_indices)
 
-    def _prefill_plan(self, groups: list[SequenceGroup]) -> tuple[StepPlan, list[Sequence]]:
+    def _prefill_plan(self, groups: list[SequenceGroup], cached: dict[int, int]) -> tuple[StepPlan, list[Sequence]]:
         bm = self.block_manager
         seqs = [s for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
-        starts = [g.num_prefilled_tokens for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
+        starts = [cached[s.seq_id] for s in seqs]
         rows = np.array([bm.row_of(s.seq_id) for s in seqs], dtype=np.int64)
         lens = np.array([len(s) for s in seqs], dtype=np.int32)
         q_lens = lens - np.array(starts, dtype=np.int32)
@@ -275,7 +300,5 @@ class Scheduler:
         tables[:n] = bm.block_tables[rows, : tables.shape[1]]
         logits_indices = np.zeros(size_s, np.int32)
         logits_indices[:n] = query_start_loc[1: n + 1] - 1
-        for g in groups:
-            g.num_prefilled_tokens = len(g.seqs[0])
         return StepPlan(True, n, total, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         tables, logits_indices), seqs

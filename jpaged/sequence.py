@@ -113,7 +113,7 @@ class SequenceGroup:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    num_prefilled_tokens: int = 0  # tokens whose K/V the group's first sequence holds (prefix hits included)
+    cache_salt: str | None = None  # prefix-cache namespace: groups with different salts never share blocks
     finished_beams: list[Sequence] = dataclasses.field(default_factory=list)  # beam search: completed hypotheses
 
     def __post_init__(self) -> None:

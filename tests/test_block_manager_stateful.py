@@ -118,7 +118,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert len(free) == len(bm._free), "a block is on the free list twice"
         assert 0 not in free
         assert not free & set(refs), "a block is both free and referenced"
-        assert len(free) + len(refs) == NUM_BLOCKS - 1
+        evictable = bm.prefix_cache.num_evictable if bm.prefix_cache is not None else 0
+        assert len(free) + len(refs) + evictable == NUM_BLOCKS - 1
 
         host_refs = Counter()
         for seq in self.swapped:
@@ -134,3 +135,45 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 BlockManagerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
 TestBlockManagerStateful = BlockManagerMachine.TestCase
+
+
+class PrefixCachingMachine(BlockManagerMachine):
+    """The same machine with prefix caching: prompts from a tiny alphabet, so prefixes repeat."""
+
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, NUM_HOST, max_model_len=48, watermark=0.0,
+                               max_seqs=2, enable_prefix_caching=True)
+        self.tokens: dict[int, list[int]] = {}
+
+    @rule(data=st.data(), salt=st.sampled_from([None, "x"]))
+    def allocate_with_prefix(self, data, salt):
+        prompt = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=20))
+        if self.bm.can_allocate(len(prompt), token_ids=prompt, cache_salt=salt) is AllocStatus.OK:
+            seq = self._new_id()
+            _, cached = self.bm.allocate_with_prefix(seq, prompt, salt)
+            assert cached % BLOCK_SIZE == 0 and cached < len(prompt)
+            self.bm.cache_blocks(seq, prompt, salt)
+            self.resident.add(seq)
+
+    @invariant()
+    def cache_is_consistent(self):
+        cache = self.bm.prefix_cache
+        free = set(self.bm._free)
+        tree_blocks = []
+        stack = list(cache._roots.values())
+        while stack:
+            node = stack.pop()
+            for child in node.children.values():
+                tree_blocks.append(child.block)
+                stack.append(child)
+        assert len(tree_blocks) == len(set(tree_blocks)), "a block sits in two tree nodes"
+        assert set(tree_blocks) == set(cache._node_of_block)
+        assert not free & set(tree_blocks), "a block is both free and in the tree"
+        for block in tree_blocks:
+            referenced = self.bm.refcount[block] > 0
+            assert referenced != (block in cache._evictable), "cached blocks are referenced xor evictable"
+
+
+PrefixCachingMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+TestPrefixCachingStateful = PrefixCachingMachine.TestCase

@@ -17,11 +17,11 @@ PAD_LEN = 128
 
 
 def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=64, preemption_mode="recompute",
-                max_num_seqs=16, max_model_len=128, params=None, watermark=0.0):
+                max_num_seqs=16, max_model_len=128, params=None, watermark=0.0, prefix_caching=False):
     config = EngineConfig(
         model=ModelConfig(name=model, attention_backend="xla"),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
-                          watermark=watermark),
+                          watermark=watermark, enable_prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
                                   max_model_len=max_model_len, preemption_mode=preemption_mode))
     return LLMEngine(config, executor=JaxExecutor(config, params=params))

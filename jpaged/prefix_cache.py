@@ -1,0 +1,132 @@
+"""A radix tree over full KV blocks: requests that start with the same tokens share those blocks.
+
+A path from a root is a prefix of whole blocks; each node holds the physical block storing that
+block of tokens. There is one root per cache salt, so requests with different salts never share
+(tenants cannot probe each other's prompts through timing). The block manager owns reference
+counts: a node whose block has references is locked; a node without references keeps its block
+cached (off the free list) until space is needed, then the least recently used unreferenced
+leaves are evicted first. Pure Python: no numpy or jax.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Callable, Hashable
+
+
+class _Node:
+    __slots__ = ("key", "block", "parent", "children", "last_access")
+
+    def __init__(self, key: tuple[int, ...] | None, block: int, parent: _Node | None):
+        self.key = key  # the block's token ids (None at a root)
+        self.block = block  # physical block id (-1 at a root)
+        self.parent = parent
+        self.children: dict[tuple[int, ...], _Node] = {}
+        self.last_access = 0
+
+
+class PrefixCache:
+    """Radix tree of full blocks with LRU eviction of unreferenced leaves.
+
+    `is_referenced(block)` tells whether a live sequence still references a block; the tree never
+    evicts such a block, and never hands out a block twice.
+    """
+
+    def __init__(self, block_size: int, is_referenced: Callable[[int], bool]):
+        self.block_size = block_size
+        self._is_referenced = is_referenced
+        self._roots: dict[Hashable, _Node] = {}
+        self._node_of_block: dict[int, _Node] = {}
+        self._evictable: set[int] = set()  # cached blocks without references (leaves or not)
+        self._heap: list[tuple[int, int, int]] = []  # (last_access, tiebreak, block): LRU candidates
+        self._clock = itertools.count(1)
+        self._tiebreak = itertools.count()
+        self.num_evictions = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._node_of_block
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks held by the tree (referenced or not)."""
+        return len(self._node_of_block)
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks that no sequence references: reclaimable on demand."""
+        return len(self._evictable)
+
+    def match(self, token_ids: list[int], salt: Hashable, max_blocks: int) -> list[int]:
+        """Physical blocks of the longest cached prefix of whole blocks (at most `max_blocks`)."""
+        node = self._roots.get(salt)
+        blocks: list[int] = []
+        bs = self.block_size
+        while node is not None and len(blocks) < max_blocks:
+            key = tuple(token_ids[len(blocks) * bs: (len(blocks) + 1) * bs])
+            node = node.children.get(key) if len(key) == bs else None
+            if node is not None:
+                blocks.append(node.block)
+        return blocks
+
+    # ------------------------------------------------------------------ updates
+
+    def touch(self, blocks: list[int]) -> None:
+        """Marks the blocks of a matched prefix as just used, and referenced (not evictable)."""
+        now = next(self._clock)
+        for block in blocks:
+            self._node_of_block[block].last_access = now
+            self._evictable.discard(block)
+
+    def insert(self, token_ids: list[int], blocks: list[int], salt: Hashable) -> None:
+        """Adds the full blocks of a sequence (`blocks[i]` holds tokens [i*B, (i+1)*B)).
+
+        Where the tree already caches the same tokens in another physical block, insertion stops:
+        the tree keeps its first copy, and the sequence's own blocks are freed normally.
+        """
+        bs = self.block_size
+        node = self._roots.setdefault(salt, _Node(None, -1, None))
+        now = next(self._clock)
+        for i in range(min(len(blocks), len(token_ids) // bs)):
+            key = tuple(token_ids[i * bs: (i + 1) * bs])
+            child = node.children.get(key)
+            if child is None:
+                if blocks[i] in self._node_of_block:  # already cached under another prefix
+                    return
+                child = _Node(key, blocks[i], node)
+                node.children[key] = child
+                self._node_of_block[blocks[i]] = child
+            elif child.block != blocks[i]:
+                # Same tokens, another physical copy: stop here. Below a node, every block a
+                # sequence references keeps its ancestors referenced too, so unreferenced
+                # nodes can always be evicted leaf by leaf (num_evictable is exact).
+                return
+            child.last_access = now
+            node = child
+
+    def release(self, block: int) -> None:
+        """Called when a cached block loses its last reference: it stays cached, evictable."""
+        node = self._node_of_block[block]
+        self._evictable.add(block)
+        if not node.children:
+            heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), block))
+
+    def evict(self) -> int | None:
+        """Removes the least recently used unreferenced leaf; returns its block (None if none)."""
+        while self._heap:
+            last_access, _, block = heapq.heappop(self._heap)
+            node = self._node_of_block.get(block)
+            if (node is None or node.children or block not in self._evictable
+                    or node.last_access != last_access or self._is_referenced(block)):
+                continue  # stale entry: re-referenced, touched again, gained children, or gone
+            del node.parent.children[node.key]
+            del self._node_of_block[block]
+            self._evictable.discard(block)
+            self.num_evictions += 1
+            parent = node.parent
+            if parent.block >= 0 and not parent.children and parent.block in self._evictable:
+                heapq.heappush(self._heap, (parent.last_access, next(self._tiebreak), parent.block))
+            return block
+        return None
