@@ -39,7 +39,7 @@ class BenchHostConfig:
     num_samples: int = 1  # n per request; > 1 exercises fork and copy-on-write
     seed: int = 0
     cache: CacheConfig = dataclasses.field(default_factory=lambda: CacheConfig(
-        block_size=16, num_blocks=984, num_host_blocks=984))  # 983 usable blocks x 16 = 15,728 slots
+        block_size=16, num_blocks=984, num_host_blocks=984, enable_prefix_caching=True))  # 983 usable blocks x 16 = 15,728 slots
     scheduler: SchedulerConfig = dataclasses.field(default_factory=lambda: SchedulerConfig(
         max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=2048, preemption_mode="swap"))
     output: str = "results/bench_host.json"  # where the JSON result goes (relative to the repo root)
@@ -80,11 +80,12 @@ def run(config: BenchHostConfig) -> dict:
     engine = LLMEngine(EngineConfig(cache=config.cache, scheduler=config.scheduler, executor="sim"),
                        executor=NullExecutor())
     prompts, outputs = make_trace(config)
-    token = 1
+    # Distinct random prompts: with prefix caching on, hits would otherwise be spurious.
+    rng = np.random.default_rng(config.seed + 1)
+    params = dict(n=config.num_samples, temperature=1.0 if config.num_samples > 1 else 0.0, ignore_eos=True)
     for i, (p, o) in enumerate(zip(prompts.tolist(), outputs.tolist())):
-        engine.add_request(str(i), [token] * p, SamplingParams(n=config.num_samples, temperature=1.0 if
-                                                                config.num_samples > 1 else 0.0,
-                                                                max_tokens=o, ignore_eos=True), arrival_time=0.0)
+        engine.add_request(str(i), rng.integers(0, 50272, p).tolist(), SamplingParams(max_tokens=o, **params),
+                           arrival_time=0.0)
     bar = tqdm(total=config.num_requests, desc="bench_host", mininterval=1.0)
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -100,6 +101,7 @@ def run(config: BenchHostConfig) -> dict:
         "wall_s": elapsed,
         "num_requests": config.num_requests,
         "num_preemptions": stats["num_preemptions"],
+        "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
         "target_us_per_seq_step": 2.0,
         "provenance": provenance(config, seed=config.seed, device="host (no model)"),
     }

@@ -17,7 +17,7 @@ from typing import Hashable
 
 import numpy as np
 
-from jpaged.prefix_cache import PrefixCache
+from jpaged.prefix_cache import PrefixCache, block_keys
 
 
 class AllocStatus(enum.Enum):
@@ -111,10 +111,12 @@ class BlockManager:
     # ------------------------------------------------------------------ allocate / free
 
     def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None, *,
-                     token_ids: list[int] | None = None, cache_salt: Hashable = None) -> AllocStatus:
+                     token_ids: list[int] | None = None, cache_salt: Hashable = None,
+                     keys: list[tuple[int, ...]] | None = None) -> AllocStatus:
         """Whether `num_seqs` fresh sequences of `num_tokens` tokens each fit, keeping the watermark free.
 
-        With prefix caching and `token_ids`, blocks of the cached prefix count as already there.
+        With prefix caching and `token_ids`, blocks of the cached prefix count as already there;
+        `keys` (`prefix_cache.block_keys` of the tokens) saves recomputing them at every retry.
         `final_len` (the most tokens a sequence may reach) is unused here: paged allocation reserves
         nothing ahead. Contiguous baselines take the same arguments and reserve by it.
         """
@@ -124,7 +126,7 @@ class BlockManager:
             return AllocStatus.NEVER
         available = self.num_free_blocks
         if self.prefix_cache is not None and token_ids is not None and num_seqs == 1:
-            hits = self._match(token_ids, cache_salt)
+            hits = self._match(token_ids, cache_salt, keys)
             # A hit needs no new block, but an unreferenced one stops being reclaimable.
             need -= len(hits)
             available -= sum(1 for b in hits if self.refcount[b] == 0)
@@ -134,7 +136,8 @@ class BlockManager:
         """Gives a new sequence blocks for its first `num_tokens` tokens; returns its table row."""
         return self._allocate(seq_id, num_tokens, [])
 
-    def allocate_with_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> tuple[int, int]:
+    def allocate_with_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
+                             keys: list[tuple[int, ...]] | None = None) -> tuple[int, int]:
         """Allocates like `allocate`, sharing the longest cached prefix of whole blocks.
 
         Returns (row, cached tokens). At least the last token is never a hit, so the prefill has
@@ -142,21 +145,23 @@ class BlockManager:
         """
         if self.prefix_cache is None:
             raise ValueError("allocate_with_prefix needs enable_prefix_caching=True")
-        hits = self._match(token_ids, cache_salt)
+        hits = self._match(token_ids, cache_salt, keys)
         row = self._allocate(seq_id, len(token_ids), hits)
         return row, len(hits) * self.block_size
 
-    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> None:
+    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
+                     keys: list[tuple[int, ...]] | None = None) -> None:
         """Offers a resident sequence's full blocks (those whose K/V is written) to the prefix cache."""
         if self.prefix_cache is None:
             return
         row = self.row_of(seq_id)
         num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
-        self.prefix_cache.insert(token_ids[: num_full * self.block_size],
-                                 self.block_tables[row, :num_full].tolist(), cache_salt)
+        keys = block_keys(token_ids, self.block_size, keys)[:num_full]
+        self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt)
 
-    def _match(self, token_ids: list[int], cache_salt: Hashable) -> list[int]:
-        return self.prefix_cache.match(token_ids, cache_salt, (len(token_ids) - 1) // self.block_size)
+    def _match(self, token_ids: list[int], cache_salt: Hashable, keys: list[tuple[int, ...]] | None) -> list[int]:
+        keys = block_keys(token_ids, self.block_size, keys)
+        return self.prefix_cache.match(keys, cache_salt, (len(token_ids) - 1) // self.block_size)
 
     def _allocate(self, seq_id: int, num_tokens: int, shared: list[int]) -> int:
         if seq_id in self._row_of or seq_id in self._host_tables:

@@ -15,6 +15,15 @@ import itertools
 from typing import Callable, Hashable
 
 
+def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...]] | None = None
+               ) -> list[tuple[int, ...]]:
+    """Tuples of the token ids of each full block; extends `known` (keys of a prefix) in place if given."""
+    keys = [] if known is None else known
+    for i in range(len(keys), len(token_ids) // block_size):
+        keys.append(tuple(token_ids[i * block_size: (i + 1) * block_size]))
+    return keys
+
+
 class _Node:
     __slots__ = ("key", "block", "parent", "children", "last_access")
 
@@ -59,16 +68,18 @@ class PrefixCache:
         """Cached blocks that no sequence references: reclaimable on demand."""
         return len(self._evictable)
 
-    def match(self, token_ids: list[int], salt: Hashable, max_blocks: int) -> list[int]:
-        """Physical blocks of the longest cached prefix of whole blocks (at most `max_blocks`)."""
+    def match(self, keys: list[tuple[int, ...]], salt: Hashable, max_blocks: int) -> list[int]:
+        """Physical blocks of the longest cached prefix of whole blocks (at most `max_blocks`).
+
+        `keys[i]` is the tuple of token ids of full block i (see `block_keys`).
+        """
         node = self._roots.get(salt)
         blocks: list[int] = []
-        bs = self.block_size
-        while node is not None and len(blocks) < max_blocks:
-            key = tuple(token_ids[len(blocks) * bs: (len(blocks) + 1) * bs])
-            node = node.children.get(key) if len(key) == bs else None
-            if node is not None:
-                blocks.append(node.block)
+        for key in keys[:max_blocks]:
+            node = node.children.get(key) if node is not None else None
+            if node is None:
+                break
+            blocks.append(node.block)
         return blocks
 
     # ------------------------------------------------------------------ updates
@@ -80,25 +91,23 @@ class PrefixCache:
             self._node_of_block[block].last_access = now
             self._evictable.discard(block)
 
-    def insert(self, token_ids: list[int], blocks: list[int], salt: Hashable) -> None:
-        """Adds the full blocks of a sequence (`blocks[i]` holds tokens [i*B, (i+1)*B)).
+    def insert(self, keys: list[tuple[int, ...]], blocks: list[int], salt: Hashable) -> None:
+        """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
 
         Where the tree already caches the same tokens in another physical block, insertion stops:
         the tree keeps its first copy, and the sequence's own blocks are freed normally.
         """
-        bs = self.block_size
         node = self._roots.setdefault(salt, _Node(None, -1, None))
         now = next(self._clock)
-        for i in range(min(len(blocks), len(token_ids) // bs)):
-            key = tuple(token_ids[i * bs: (i + 1) * bs])
+        for key, block in zip(keys, blocks):
             child = node.children.get(key)
             if child is None:
-                if blocks[i] in self._node_of_block:  # already cached under another prefix
+                if block in self._node_of_block:  # already cached under another prefix
                     return
-                child = _Node(key, blocks[i], node)
+                child = _Node(key, block, node)
                 node.children[key] = child
-                self._node_of_block[blocks[i]] = child
-            elif child.block != blocks[i]:
+                self._node_of_block[block] = child
+            elif child.block != block:
                 # Same tokens, another physical copy: stop here. Below a node, every block a
                 # sequence references keeps its ancestors referenced too, so unreferenced
                 # nodes can always be evicted leaf by leaf (num_evictable is exact).

@@ -91,7 +91,7 @@ class Scheduler:
         bm = self.block_manager
         if bm.has_seq(seq.seq_id):
             if self.prefix_caching:
-                bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt)
+                bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
             bm.free(seq.seq_id)
         elif bm.is_swapped(seq.seq_id):
             bm.free(seq.seq_id)
@@ -130,7 +130,7 @@ class Scheduler:
             seqs = group.live_seqs(SequenceStatus.WAITING)
             group_tokens = sum(len(s) for s in seqs)  # each sequence is prefilled whole (less cache hits)
             final_len = group.prompt_len + group.sampling_params.max_tokens
-            prefix = ({"token_ids": seqs[0].token_ids, "cache_salt": group.cache_salt}
+            prefix = ({"token_ids": seqs[0].token_ids, "cache_salt": group.cache_salt, "keys": seqs[0].block_keys}
                       if self.prefix_caching else {})
             status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs), final_len=final_len, **prefix)
             if status is AllocStatus.NEVER:
@@ -145,10 +145,11 @@ class Scheduler:
             self.waiting.popleft()
             for seq in seqs:
                 if self.prefix_caching:
-                    _, starts[seq.seq_id] = bm.allocate_with_prefix(seq.seq_id, seq.token_ids, group.cache_salt)
+                    _, starts[seq.seq_id] = bm.allocate_with_prefix(seq.seq_id, seq.token_ids, group.cache_salt,
+                                                                    seq.block_keys)
                     # The prompt's full blocks are written by this step (each layer writes before
                     # it attends), so later admissions, even in this batch, may share them.
-                    bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt)
+                    bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
                 else:
                     bm.allocate(seq.seq_id, len(seq), final_len=final_len)
                     starts[seq.seq_id] = 0
@@ -259,8 +260,10 @@ class Scheduler:
         n = len(seqs)
         size = bucket(n)
         # One allocation for the five per-row vectors (this runs every decode step).
-        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = np.split(
-            np.zeros(5 * size + 1, np.int32), [size, 2 * size, 3 * size, 4 * size])
+        buffer = np.zeros(5 * size + 1, np.int32)
+        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = (
+            buffer[:size], buffer[size:2 * size], buffer[2 * size:3 * size], buffer[3 * size:4 * size],
+            buffer[4 * size:])
         token_ids[:n] = [s.token_ids[-1] for s in seqs]
         context_lens[:n] = bm.num_tokens[rows]
         positions = context_lens - 1

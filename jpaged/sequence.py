@@ -68,7 +68,7 @@ class SamplingParams:
 class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
-    __slots__ = ("seq_id", "prompt_len", "token_ids", "cumulative_logprob", "status", "parent_id")
+    __slots__ = ("seq_id", "prompt_len", "token_ids", "cumulative_logprob", "status", "parent_id", "block_keys")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], parent_id: int | None = None):
         self.seq_id = seq_id
@@ -77,6 +77,8 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.status = SequenceStatus.WAITING
         self.parent_id = parent_id
+        # Prefix-cache keys of the full blocks so far (extended lazily; tokens only ever append).
+        self.block_keys: list[tuple[int, ...]] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -98,6 +100,7 @@ class Sequence:
         child.token_ids = list(self.token_ids)
         child.cumulative_logprob = self.cumulative_logprob
         child.status = self.status
+        child.block_keys = list(self.block_keys)
         return child
 
 

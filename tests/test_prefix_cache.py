@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 
 from jpaged.block_manager import AllocStatus, BlockManager
-from jpaged.prefix_cache import PrefixCache
+from jpaged.prefix_cache import PrefixCache, block_keys
 
 
 def test_match_insert_and_lru_eviction_of_leaves():
     referenced = set()
     cache = PrefixCache(2, lambda b: b in referenced)
-    cache.insert([1, 2, 3, 4, 5, 6], [10, 11, 12], salt=None)
-    cache.insert([1, 2, 7, 8], [10, 20], salt=None)
-    assert cache.match([1, 2, 3, 4, 5, 6, 9], None, max_blocks=3) == [10, 11, 12]
-    assert cache.match([1, 2, 7, 8], None, max_blocks=1) == [10]
-    assert cache.match([9, 9], None, max_blocks=1) == []
+    cache.insert(block_keys([1, 2, 3, 4, 5, 6], 2), [10, 11, 12], salt=None)
+    cache.insert(block_keys([1, 2, 7, 8], 2), [10, 20], salt=None)
+    assert cache.match(block_keys([1, 2, 3, 4, 5, 6, 9], 2), None, max_blocks=3) == [10, 11, 12]
+    assert cache.match(block_keys([1, 2, 7, 8], 2), None, max_blocks=1) == [10]
+    assert cache.match(block_keys([9, 9], 2), None, max_blocks=1) == []
     for block in (10, 11, 12, 20):
         cache.release(block)
     cache.touch([10, 11, 12])  # the 1-2-3-4-5-6 branch is now more recent than 1-2-7-8
@@ -29,10 +29,10 @@ def test_match_insert_and_lru_eviction_of_leaves():
 
 def test_salts_never_share():
     cache = PrefixCache(2, lambda b: True)
-    cache.insert([1, 2, 3, 4], [5, 6], salt="tenant-a")
-    assert cache.match([1, 2, 3, 4, 9], "tenant-a", 2) == [5, 6]
-    assert cache.match([1, 2, 3, 4, 9], "tenant-b", 2) == []
-    assert cache.match([1, 2, 3, 4, 9], None, 2) == []
+    cache.insert(block_keys([1, 2, 3, 4], 2), [5, 6], salt="tenant-a")
+    assert cache.match(block_keys([1, 2, 3, 4, 9], 2), "tenant-a", 2) == [5, 6]
+    assert cache.match(block_keys([1, 2, 3, 4, 9], 2), "tenant-b", 2) == []
+    assert cache.match(block_keys([1, 2, 3, 4, 9], 2), None, 2) == []
 
 
 def test_block_manager_shares_cached_prefix_and_evicts_when_needed():
