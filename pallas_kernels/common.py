@@ -119,3 +119,35 @@ def combine_splits(
     out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, Gp, D]
     # Padded sequences (length 0) have denom 0 and o 0: their output is 0.
     return out / jnp.where(denom > 0, denom, 1.0)[..., None]
+
+
+def xla_softmax_init(shape: tuple[int, ...], head_dim: int):
+    """Running state (acc f32[*shape, D], max f32[*shape] = -inf, denom f32[*shape]) of the XLA paths."""
+    return (jnp.zeros((*shape, head_dim), jnp.float32), jnp.full(shape, -jnp.inf, jnp.float32),
+            jnp.zeros(shape, jnp.float32))
+
+
+def xla_softmax_step(state, q, k, v, valid, *, scale: float):
+    """Fold one chunk of keys into the running softmax state of an XLA (plain jnp) path.
+
+    q f32[X, Y, G, D]; k, v [X, Y, C, D]; valid bool broadcastable to [X, Y, 1, C]. Chunks are
+    small enough to stay in cache, so streaming them costs little more than reading contiguous K/V
+    (materialising a whole gathered copy roughly doubles the memory traffic).
+    """
+    acc, m, l = state
+    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
+    v = jnp.where(jnp.swapaxes(valid, -1, -2), v, 0)  # stale slots may hold NaN: 0 * NaN = NaN
+    s = jnp.einsum("xygd,xycd->xygc", q, k, precision=jax.lax.Precision.HIGHEST) * scale
+    s = jnp.where(valid, s, -jnp.inf)
+    m_next = jnp.maximum(m, s.max(axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_next), m_next, 0.0)  # no live key yet: keep exp() finite
+    correction = jnp.exp(m - m_safe)
+    p = jnp.exp(s - m_safe[..., None])
+    pv = jnp.einsum("xygc,xycd->xygd", p, v, precision=jax.lax.Precision.HIGHEST)
+    return acc * correction[..., None] + pv, m_next, l * correction + p.sum(axis=-1)
+
+
+def xla_softmax_finish(state) -> jax.Array:
+    """acc / denom, with 0 for rows that saw no live key."""
+    acc, _, l = state
+    return acc / jnp.where(l > 0, l, 1.0)[..., None]

@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
     MIN_DOT_DIM, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2,
-    online_softmax_step, triton_compiler_params,
+    online_softmax_step, triton_compiler_params, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
 
 
@@ -60,6 +60,36 @@ def contiguous_attention_reference(
     o = jnp.einsum("bhgl,bhld->bhgd", p, v, precision=jax.lax.Precision.HIGHEST)
     o = o / jnp.where(denom > 0, denom, 1.0)
     return o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_k"))
+def contiguous_attention_xla(
+    q: jax.Array,  # [B, Hq, D]
+    k: jax.Array,  # [B, Hkv, L, D]
+    v: jax.Array,  # [B, Hkv, L, D]
+    context_lens: jax.Array,  # i32[B]
+    *,
+    scale: float,
+    block_k: int = 64,
+) -> jax.Array:  # [B, Hq, D]
+    """XLA contiguous decode attention streamed over `block_k`-token slices, the same algorithm as
+    `paged_attention_xla` with slices in place of block-table gathers (the CPU baseline)."""
+    _check_shapes(q, k, v, context_lens)
+    check_knob("block_k", block_k)
+    batch, num_q_heads, head_dim = q.shape
+    max_len = k.shape[2]
+    if max_len % block_k:
+        raise ValueError(f"k: max_len {max_len} must be a multiple of block_k {block_k}")
+    qg = q.reshape(batch, k.shape[1], -1, head_dim).astype(jnp.float32)  # [B, Hkv, G, D]
+
+    def step(state, start):
+        k_chunk = jax.lax.dynamic_slice_in_dim(k, start, block_k, axis=2)  # [B, Hkv, Bk, D]
+        v_chunk = jax.lax.dynamic_slice_in_dim(v, start, block_k, axis=2)
+        valid = start + jnp.arange(block_k)[None, :] < context_lens[:, None]  # [B, Bk]
+        return xla_softmax_step(state, qg, k_chunk, v_chunk, valid[:, None, None, :], scale=scale), None
+
+    state, _ = jax.lax.scan(step, xla_softmax_init(qg.shape[:3], head_dim), jnp.arange(0, max_len, block_k))
+    return xla_softmax_finish(state).reshape(batch, num_q_heads, head_dim).astype(q.dtype)
 
 
 def _contiguous_kernel(

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+# On a GPU the kernels are compiled through Triton (experiments/gpu_check.sh); elsewhere interpreted.
+INTERPRET = jax.default_backend() != "gpu"
 
 
 @dataclasses.dataclass

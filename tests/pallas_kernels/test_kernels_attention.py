@@ -1,4 +1,4 @@
-"""Pallas decode and prefill kernels (interpret mode) against the references, float32 and bfloat16.
+"""Pallas decode and prefill kernels against the references (interpreted on CPU, compiled on GPU), f32 and bf16.
 
 Pools are random permutations of their blocks with every stale slot NaN. Each case batches the
 context lengths 1, 3, a block, a block + 1, 513 and the table's maximum, plus a padded sequence.
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import make_case, rel_err
+from kernel_cases import INTERPRET, make_case, rel_err
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 
@@ -42,11 +42,21 @@ def test_decode_kernel_matches_reference(block_size, group, head_dim, dtype, tol
     scale = head_dim ** -0.5
     ref = pa.paged_attention_reference(*args, scale=scale)
     # block_k 16 with 3 splits: >= 3 splits and >= 3 key chunks per split on the long sequences.
-    out = pa.paged_attention(*args, scale=scale, block_k=16, num_splits=3, interpret=True)
+    out = pa.paged_attention(*args, scale=scale, block_k=16, num_splits=3, interpret=INTERPRET)
     out32 = np.asarray(out, np.float32)
     assert out.dtype == dtype and np.isfinite(out32).all()
     assert (out32[-1] == 0).all()  # the padded sequence
     assert rel_err(out32, np.asarray(ref, np.float32)) < tol
+
+
+@pytest.mark.parametrize("block_size,group,head_dim", FAST)
+def test_decode_xla_path_matches_reference(block_size, group, head_dim):
+    q, case = _decode_inputs(block_size, group, head_dim)
+    args = (jnp.asarray(q), *case.device(jnp.float32))
+    ref = pa.paged_attention_reference(*args, scale=0.125)
+    out = pa.paged_attention_xla(*args, scale=0.125, block_k=32)  # >= 3 scan steps
+    assert np.isfinite(np.asarray(out)).all()
+    assert rel_err(out, ref) < 1e-5
 
 
 def _prefill_inputs(block_size, group, head_dim, seed=1):
@@ -74,7 +84,7 @@ def test_prefill_kernel_matches_reference(block_size, group, head_dim, dtype, to
     ref = pp.paged_prefill_attention_reference(*args, scale=scale)
     # block_q * Gp = 16 rows: the 37-token chunk spans >= 3 query tiles; block_k 16: >= 3 key chunks.
     block_q = max(1, 16 // group)
-    out = pp.paged_prefill_attention(*args, scale=scale, block_q=block_q, block_k=16, interpret=True)
+    out = pp.paged_prefill_attention(*args, scale=scale, block_q=block_q, block_k=16, interpret=INTERPRET)
     out32 = np.asarray(out, np.float32)
     assert out.dtype == dtype and np.isfinite(out32).all()
     assert (out32[starts[-1]:] == 0).all()  # rows past the last sequence
@@ -83,7 +93,9 @@ def test_prefill_kernel_matches_reference(block_size, group, head_dim, dtype, to
 
 def test_contiguous_kernel_matches_paged_reference():
     """The benchmark's non-paged baseline computes the same attention as the paged path."""
-    from pallas_kernels.contiguous_attention import contiguous_attention, contiguous_attention_reference
+    from pallas_kernels.contiguous_attention import (
+        contiguous_attention, contiguous_attention_reference, contiguous_attention_xla,
+    )
 
     q, case = _decode_inputs(16, 4, 64)
     max_len = case.block_tables.shape[1] * 16
@@ -94,5 +106,6 @@ def test_contiguous_kernel_matches_paged_reference():
     args = (jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(case.context_lens))
     paged = np.asarray(pa.paged_attention_reference(jnp.asarray(q), *case.device(jnp.float32), scale=0.125))
     assert rel_err(contiguous_attention_reference(*args, scale=0.125), paged) < 1e-5
-    out = contiguous_attention(*args, scale=0.125, block_k=16, num_splits=3, interpret=True)
+    assert rel_err(contiguous_attention_xla(*args, scale=0.125, block_k=32), paged) < 1e-5
+    out = contiguous_attention(*args, scale=0.125, block_k=16, num_splits=3, interpret=INTERPRET)
     assert rel_err(out, paged) < 1e-4

@@ -11,7 +11,7 @@ from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 
 GRID = [(bs, g, d, dt) for bs in (8, 16, 32, 64) for g in (1, 4, 8) for d in (64, 128)
-        for dt in (jnp.float32, jnp.bfloat16)]
+        for dt in (jnp.float32, jnp.bfloat16, jnp.float16)]
 NUM_KV_HEADS, NUM_BLOCKS, MAX_BLOCKS, BATCH = 3, 100, 40, 5
 
 

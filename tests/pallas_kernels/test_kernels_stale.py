@@ -1,11 +1,13 @@
 """Stale data never reaches an output: NaN in every unused slot and padded table entry, and a
 freed block's old contents under a new owner, for both kernels and both references."""
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import dense_attention, make_case, rel_err
+from kernel_cases import INTERPRET, dense_attention, make_case, rel_err
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 
@@ -14,12 +16,17 @@ SCALE = HEAD_DIM ** -0.5
 
 
 def _decode(case_arrays, q, backend):
-    fn = pa.select_impl(backend, interpret=True, block_k=16, num_splits=3)
+    if backend == "reference":
+        fn = pa.paged_attention_reference
+    elif backend == "xla":
+        fn = functools.partial(pa.paged_attention_xla, block_k=16)  # several scan steps
+    else:
+        fn = pa.select_impl(backend, interpret=INTERPRET, block_k=16, num_splits=3)
     return np.asarray(fn(jnp.asarray(q), *case_arrays, scale=SCALE))
 
 
 def _prefill(case_arrays, q, starts, backend):
-    fn = pp.select_impl(backend, interpret=True, block_q=4, block_k=16)
+    fn = pp.select_impl(backend, interpret=INTERPRET, block_q=4, block_k=16)
     return np.asarray(fn(jnp.asarray(q), *case_arrays, jnp.asarray(starts), scale=SCALE))
 
 
@@ -38,7 +45,7 @@ def _cases(stale_tables: bool):
     return [c.device(jnp.float32) for c in cases]
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla"])
+@pytest.mark.parametrize("backend", ["pallas", "xla", "reference"])
 @pytest.mark.parametrize("stale_tables", [False, True])
 def test_decode_ignores_stale_slots(backend, stale_tables):
     nan_case, zero_case = _cases(stale_tables)
@@ -80,7 +87,7 @@ def test_freed_block_contents_do_not_leak(backend):
 
 
 def test_select_impl():
-    assert pa.select_impl("xla") is pa.paged_attention_reference
+    assert pa.select_impl("xla") is pa.paged_attention_xla
     assert pp.select_impl("auto") is pp.paged_prefill_attention_reference  # CPU: the XLA path
     assert pa.select_impl("pallas", interpret=True).keywords == {"interpret": True}
     with pytest.raises(ValueError, match="backend"):
