@@ -158,7 +158,7 @@ def _prefill_kernel(
     o_ref[...] = (o / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
 
 
-def _tile_plan(query_start_loc, context_lens, num_tokens: int, block_q: int, num_tiles: int):
+def _tile_plan(query_start_loc, block_q: int, num_tiles: int):
     """Cut each sequence's query rows into tiles of `block_q`; tile i -> (sequence, first query row).
 
     Returns `(tile_seq i32[NT], tile_row i32[NT], tile_valid bool[NT], first_tile i32[S])`, where
@@ -214,8 +214,7 @@ def paged_prefill_attention(
     # Every sequence adds at most one partial tile to the dense cdiv(T, Bq).
     num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
 
-    tile_seq, tile_row, tile_valid, first_tile = _tile_plan(query_start_loc, context_lens, num_tokens,
-                                                            block_q, num_tiles)
+    tile_seq, tile_row, tile_valid, first_tile = _tile_plan(query_start_loc, block_q, num_tiles)
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
     # Clamp as the reference's mask does: a length past the table would count block-0 padding.
     lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[S]
