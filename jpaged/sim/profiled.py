@@ -73,8 +73,7 @@ def synthetic_plan(is_prefill: bool, query_lens: list[int], context_lens: list[i
     context[:n] = ctx
     logits_indices = np.zeros(size_s, np.int32)
     logits_indices[:n] = qsl[1: n + 1] - 1
-    return StepPlan(is_prefill, n, total, token_ids, positions, slots, qsl, context, tables,
-                    logits_indices, list(range(n)))
+    return StepPlan(is_prefill, n, total, token_ids, positions, slots, qsl, context, tables, logits_indices)
 
 
 def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks: int, vocab_size: int,

@@ -25,7 +25,7 @@ def make_plan(is_prefill, query_lens, context_lens, *, swap_out=(), swap_in=(), 
                     token_ids=np.zeros(rows, np.int32), positions=np.zeros(rows, np.int32),
                     slot_mapping=np.zeros(rows, np.int32), query_start_loc=qsl, context_lens=ctx,
                     block_tables=np.zeros((seqs, 8), np.int32), logits_indices=np.zeros(seqs, np.int32),
-                    seq_ids=list(range(n)), copy_pairs=pairs_array(list(copies)),
+                    copy_pairs=pairs_array(list(copies)),
                     swap_in_pairs=pairs_array(list(swap_in)), swap_out_pairs=pairs_array(list(swap_out)))
 
 
