@@ -1,0 +1,86 @@
+"""Plotting helpers shared by the experiments: one color and label per system, headless output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: experiments write PNGs, they never open windows
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jpaged.systems import LABELS  # noqa: E402
+
+# The paper's figures draw vLLM in red and the baselines in cooler colors.
+COLORS = {"vllm": "tab:red", "orca_oracle": "tab:blue", "orca_pow2": "tab:cyan",
+          "orca_max": "tab:purple", "fastertransformer": "tab:gray"}
+MARKERS = {"vllm": "o", "orca_oracle": "s", "orca_pow2": "^", "orca_max": "v", "fastertransformer": "x"}
+# Fig. 2's states, bottom to top, with their colors.
+KV_STATES = (("token_states", "Token states", "tab:green"), ("reserved", "Reserved", "tab:orange"),
+             ("internal", "Internal frag.", "tab:red"), ("external", "External frag.", "tab:purple"),
+             ("free", "Free", "whitesmoke"))
+
+
+def save(fig, path: str | Path) -> Path:
+    """Writes `fig` as a PNG (creating the folder) and closes it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def system_curves(ax, points: list[dict], key: str, systems: list[str], ylabel: str,
+                  ymax: float | None = None) -> None:
+    """One line per system of `key` against request rate, from sweep points."""
+    for system in systems:
+        pts = sorted((p["request_rate"], p[key]) for p in points if p["system"] == system)
+        if pts:
+            x, y = zip(*pts)
+            ax.plot(x, y, marker=MARKERS[system], color=COLORS[system], label=LABELS[system], ms=4)
+    ax.set_xlabel("Request rate (req/s)")
+    ax.set_ylabel(ylabel)
+    if ymax is not None:
+        ax.set_ylim(0, ymax)
+    ax.grid(alpha=0.3)
+
+
+def stacked_breakdown(path: str | Path, breakdown: dict[str, dict[str, float]], title: str) -> Path:
+    """Fig. 2: one stacked bar per system of the KV space's states, in percent."""
+    systems = list(breakdown)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(systems), 3.6))
+    bottom = np.zeros(len(systems))
+    for key, label, color in KV_STATES:
+        values = np.array([breakdown[s].get(key, 0.0) for s in systems])
+        ax.bar(range(len(systems)), values, bottom=bottom, color=color, label=label, edgecolor="k", lw=0.4)
+        for i, (v, b) in enumerate(zip(values, bottom)):
+            if v >= 4:
+                ax.text(i, b + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=7)
+        bottom += values
+    ax.set_xticks(range(len(systems)), [LABELS[s] for s in systems], rotation=15, fontsize=8)
+    ax.set_ylabel("KV cache space (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save(fig, path)
+
+
+def pool_pictures(path: str | Path, pictures: dict[str, tuple[np.ndarray, np.ndarray, float]], title: str) -> Path:
+    """The block pool over time, one panel per system: color = owning request, pale = reserved but
+    not yet written, white = free. `pictures[system]` = (owner i64[T, N], written bool[T, N],
+    seconds between snapshots); owner -1 is free."""
+    fig, axes = plt.subplots(1, len(pictures), figsize=(4.2 * len(pictures), 3.6), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    for ax, (system, (owner, written, dt)) in zip(axes[0], pictures.items()):
+        rgb = np.asarray(cmap(owner % 20))[..., :3]
+        rgb = np.where(written[..., None], rgb, 0.35 * rgb + 0.65)  # reserved, unwritten: pale
+        rgb[owner < 0] = 1.0
+        ax.imshow(rgb.transpose(1, 0, 2), aspect="auto", origin="lower", interpolation="nearest",
+                  extent=(0, owner.shape[0] * dt, 0.5, owner.shape[1] + 0.5))
+        ax.set_title(LABELS[system], fontsize=9)
+        ax.set_xlabel("Time (s)")
+        ax.set_ylabel("Block id")
+    fig.suptitle(title, fontsize=9)
+    return save(fig, path)

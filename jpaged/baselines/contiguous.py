@@ -1,0 +1,240 @@
+"""Orca's contiguous KV cache behind the paged block manager's interface (paper §6.1).
+
+Each sequence gets one contiguous region, placed by a buddy allocator, sized by a reservation
+policy (Oracle: prompt + true output; Pow2: output rounded up to a power of two; Max: the maximum
+sequence length). The buddy works in units of one KV block, so every region is block-aligned and
+at least one block, and a region at buddy offset `o` is the consecutive block ids o+1, o+2, ...
+(block 0 stays the reserved padding target). Block tables therefore stay valid, and the same
+scheduler, StepPlans and executors (simulated or real) serve Orca and vLLM alike.
+
+A reservation covers the sequence's final length, so appending never fails and Orca never
+preempts; there is no swap space. Pure Python + numpy: no jax import.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jpaged.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
+from jpaged.block_manager import AllocStatus
+
+
+class ContiguousBlockManager:
+    """One buddy-placed contiguous region per sequence, reserved ahead by an Orca policy."""
+
+    prefix_cache = None  # no prefix sharing in the contiguous baselines
+    num_host_blocks = 0  # no swap space: Orca never preempts
+    num_free_host_blocks = 0
+    watermark_blocks = 0  # nothing grows past its reservation, so no admission headroom is needed
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int, policy: Policy,
+                 max_seqs: int = 256):
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if policy not in ("oracle", "pow2", "max"):
+            raise ValueError(f"policy must be 'oracle', 'pow2' or 'max', got {policy!r}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.buddy = BuddyAllocator(num_blocks - 1)  # unit = one block; unit u is block u + 1
+        rows = max(1, max_seqs)
+        self.block_tables = np.zeros((rows, self.max_blocks_per_seq), dtype=np.int32)  # [rows, M]
+        self.num_table_blocks = np.zeros(rows, dtype=np.int32)  # [rows] blocks holding tokens
+        self.num_tokens = np.zeros(rows, dtype=np.int32)  # [rows] tokens that have a slot
+        self.base = np.zeros(rows, dtype=np.int64)  # [rows] first block id of the row's region
+        self.region_blocks = np.zeros(rows, dtype=np.int64)  # [rows] blocks in the region (a power of two)
+        self.final_len = np.zeros(rows, dtype=np.int64)  # [rows] prompt + max_tokens of the sequence
+        self._free_rows = list(range(rows - 1, -1, -1))
+        self._row_of: dict[int, int] = {}  # seq id -> row
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in free buddy regions (not all of them usable by one request)."""
+        return self.buddy.free_units
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks that can hold tokens (all but block 0)."""
+        return self.num_blocks - 1
+
+    def usage(self) -> float:
+        """Fraction of usable blocks inside allocated regions."""
+        return 1.0 - self.buddy.free_units / self.num_usable_blocks
+
+    def has_seq(self, seq_id: int) -> bool:
+        """True when `seq_id` holds a region."""
+        return seq_id in self._row_of
+
+    def is_swapped(self, seq_id: int) -> bool:
+        """Always False: the contiguous baselines have no swap space."""
+        return False
+
+    def row_of(self, seq_id: int) -> int:
+        """The block-table row of a resident sequence."""
+        try:
+            return self._row_of[seq_id]
+        except KeyError:
+            raise KeyError(f"sequence {seq_id} holds no region") from None
+
+    def block_table(self, seq_id: int) -> np.ndarray:
+        """A copy of the block ids holding the sequence's tokens, in logical order."""
+        row = self.row_of(seq_id)
+        return self.block_tables[row, : self.num_table_blocks[row]].copy()
+
+    def region(self, seq_id: int) -> tuple[int, int]:
+        """(first block id, number of blocks) of the sequence's whole reserved region."""
+        row = self.row_of(seq_id)
+        return int(self.base[row]), int(self.region_blocks[row])
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def reserved_blocks(self, num_tokens: int, final_len: int) -> int:
+        """Blocks the policy asks the buddy for: the token reservation rounded up to whole blocks.
+
+        `num_tokens` are the tokens present at admission (the prompt); the rest of `final_len`
+        is the output to reserve for.
+        """
+        if final_len is None or final_len <= num_tokens:
+            raise ValueError(f"final_len must exceed num_tokens ({num_tokens}) for a contiguous "
+                             f"reservation, got {final_len}")
+        tokens = reservation(self.policy, num_tokens, final_len - num_tokens, self.max_model_len)
+        return self.blocks_for(tokens)
+
+    # ------------------------------------------------------------------ allocate / free
+
+    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None) -> AllocStatus:
+        """Whether one sequence of `num_tokens` tokens, growing to `final_len`, gets a region now."""
+        if num_seqs != 1:
+            raise ValueError(f"contiguous baselines serve one sequence per request, got num_seqs={num_seqs}")
+        need = self.reserved_blocks(num_tokens, final_len)
+        if order_of(need) > self.buddy.max_order:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self.buddy.can_allocate(need) else AllocStatus.LATER
+
+    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None) -> int:
+        """Reserves a region for a new sequence and gives its first `num_tokens` tokens slots; returns its row."""
+        if seq_id in self._row_of:
+            raise ValueError(f"sequence {seq_id} already holds a region")
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        need = self.reserved_blocks(num_tokens, final_len)
+        offset = self.buddy.allocate(need)
+        if offset is None:
+            raise ValueError(f"no free region of {need} blocks (largest free: "
+                             f"{self.buddy.largest_free_block()}); check can_allocate first")
+        if not self._free_rows:
+            self._grow_rows()
+        row = self._free_rows.pop()
+        self._row_of[seq_id] = row
+        n = self.blocks_for(num_tokens)
+        self.base[row] = offset + 1
+        self.region_blocks[row] = self.buddy.allocated_size(offset)
+        self.final_len[row] = final_len
+        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
+        self.num_table_blocks[row] = n
+        self.num_tokens[row] = num_tokens
+        return row
+
+    def free(self, seq_id: int) -> None:
+        """Returns the sequence's region to the buddy allocator."""
+        if seq_id not in self._row_of:
+            raise KeyError(f"cannot free sequence {seq_id}: it holds no region (unknown or already freed)")
+        row = self._row_of.pop(seq_id)
+        self.buddy.free(int(self.base[row]) - 1)
+        self.block_tables[row, : self.num_table_blocks[row]] = 0
+        self.num_table_blocks[row] = 0
+        self.num_tokens[row] = 0
+        self._free_rows.append(row)
+
+    def fork(self, parent_id: int, child_id: int) -> int:
+        """Unsupported: Orca gives each sequence its own region; serve n = 1 requests without beams."""
+        raise ValueError("contiguous baselines serve one sequence per request (n = 1, no beam search); "
+                         f"cannot fork sequence {parent_id}")
+
+    # ------------------------------------------------------------------ append (decode hot path)
+
+    def blocks_needed_to_append(self, rows: np.ndarray) -> int:
+        """0: every token up to a sequence's final length already has a reserved slot."""
+        return 0
+
+    def can_append_slots(self, rows: np.ndarray) -> bool:
+        """Always True (see `blocks_needed_to_append`)."""
+        return True
+
+    def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """Gives each row the next slot of its region: slot = base * B + position. Never copies."""
+        bs = self.block_size
+        pos = self.num_tokens[rows]
+        base = self.base[rows]
+        if (pos >= self.region_blocks[rows] * bs).any():
+            # The engine finishes a sequence at final_len, which every policy reserves: a caller bug.
+            raise RuntimeError("a sequence outgrew its contiguous reservation")
+        opens = np.flatnonzero(pos % bs == 0)
+        if len(opens):
+            logical = pos[opens] // bs
+            self.block_tables[rows[opens], logical] = base[opens] + logical
+            self.num_table_blocks[rows[opens]] = logical + 1
+        self.num_tokens[rows] = pos + 1
+        return (base * bs + pos).astype(np.int32), []
+
+    def slot_mapping(self, row: int, start: int, end: int) -> np.ndarray:
+        """Slots of positions [start, end) of a row's sequence: consecutive from base * B."""
+        first = int(self.base[row]) * self.block_size
+        return np.arange(first + start, first + end, dtype=np.int32)
+
+    # ------------------------------------------------------------------ swap (none)
+
+    def can_swap_out(self, seq_ids: list[int]) -> bool:
+        """Always False: with no swap space the scheduler recomputes if it ever must preempt."""
+        return False
+
+    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0) -> bool:
+        """Always False: nothing is ever swapped out."""
+        return False
+
+    # ------------------------------------------------------------------ accounting
+
+    def usage_breakdown(self, final_lens: dict[int, int] | None = None,
+                        next_request: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+        """(token_states, reserved, internal, external) slots now; the rest of the slots are free.
+
+        Per region of a sequence that writes K/V for its first final_len - 1 positions (the last
+        sampled token is never fed back): token_states = slots written; reserved = slots it will
+        still write; internal = the rest of the region (policy over-reservation, block and buddy
+        power-of-two rounding). external = free slots in buddy blocks too small for the next
+        request's region, `next_request` = (tokens, final_len) of the head of the waiting queue;
+        0 when nothing waits. `final_lens` is unused: each region records its own.
+        """
+        bs = self.block_size
+        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
+        tokens = int(self.num_tokens[rows].sum())
+        will = int(np.maximum(self.final_len[rows] - 1, self.num_tokens[rows]).sum())
+        region = int(self.region_blocks[rows].sum()) * bs
+        external = 0
+        if next_request is not None:
+            need = self.reserved_blocks(*next_request)
+            external = self.buddy.external_fragmentation(need) * bs
+        return tokens, will - tokens, region - will, external
+
+    def token_slots_in_use(self) -> tuple[int, int]:
+        """(slots holding token states, slots inside allocated regions)."""
+        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
+        return int(self.num_tokens[rows].sum()), int(self.region_blocks[rows].sum()) * self.block_size
+
+    # ------------------------------------------------------------------ internals
+
+    def _grow_rows(self) -> None:
+        old = len(self.num_tokens)
+        self.block_tables = np.concatenate([self.block_tables, np.zeros_like(self.block_tables)])
+        for name in ("num_table_blocks", "num_tokens", "base", "region_blocks", "final_len"):
+            array = getattr(self, name)
+            setattr(self, name, np.concatenate([array, np.zeros_like(array)]))
+        self._free_rows.extend(range(2 * old - 1, old - 1, -1))

@@ -1,0 +1,130 @@
+"""Drive an engine over a timed request trace and measure it (paper §6: Figs. 2, 12, 13).
+
+Requests join when the engine's clock passes their arrival time; when the engine is idle the
+clock jumps to the next arrival (simulator: `advance_to`; real executor: sleep). Outputs are as
+long as the trace says (max_tokens = output length, EOS ignored). The executor is wrapped for
+the run so that every executed step is measured where it happens: its duration and batch size,
+and optionally the KV usage breakdown of the pool while the step runs (after scheduling, before
+finished sequences are freed). Deterministic for a deterministic executor and trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from jpaged.engine import LLMEngine
+from jpaged.kv_usage import total_slots, usage_breakdown
+from jpaged.metrics import BatchSizeAccumulator, KVUsageAccumulator, RequestRecord
+from jpaged.sequence import SamplingParams
+from jpaged.step_plan import StepPlan
+from jpaged.workloads import TraceRequest
+
+logger = logging.getLogger(__name__)
+
+# (clock at the step's start in s, the step's plan) after every executed step.
+StepObserver = Callable[[float, StepPlan], None]
+
+
+@dataclasses.dataclass
+class TraceResult:
+    """What one run of a trace measured."""
+
+    records: list[RequestRecord]  # finished requests, in finishing order
+    num_rejected: int  # requests the engine rejected (they can never fit)
+    num_preemptions: int  # group preemptions (swap or recompute)
+    avg_batched_requests: float  # time-weighted sequences per step (Fig. 13)
+    kv_usage: dict[str, float] | None  # time-averaged KV breakdown in percent, when tracked
+    num_steps: int  # executed steps
+    end_time_s: float  # the engine's clock when the last request finished (virtual under sim)
+    wall_s: float  # wall-clock seconds the run took
+
+
+class _MeasuringExecutor:
+    """Wraps an executor: times each step, counts its batch, samples the KV breakdown."""
+
+    def __init__(self, inner, engine: LLMEngine, kv: KVUsageAccumulator | None, observer: StepObserver | None):
+        self.inner = inner
+        self.scheduler = engine.scheduler
+        self.batch = BatchSizeAccumulator()
+        self.kv = kv
+        self.observer = observer
+
+    def __getattr__(self, name):  # has_model, vocab_size, num_compilations, advance_to, ...
+        return getattr(self.inner, name)
+
+    def now(self) -> float:
+        """The wrapped executor's clock."""
+        return self.inner.now()
+
+    def execute(self, plan: StepPlan):
+        """Runs the step on the wrapped executor and records it."""
+        start = self.inner.now()
+        result = self.inner.execute(plan)
+        self.batch.add(result.duration, plan.num_seqs)
+        if self.kv is not None:
+            self.kv.add(result.duration, *usage_breakdown(self.scheduler))
+        if self.observer is not None:
+            self.observer(start, plan)
+        return result
+
+
+def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = False,
+              observer: StepObserver | None = None,
+              until: float = float("inf"), show_progress: bool = False) -> TraceResult:
+    """Serves `trace` (sorted by arrival) on `engine` until every request has finished, or until
+    the clock passes `until` seconds (requests unfinished then are left out of the records).
+
+    `track_kv` averages the KV breakdown over the run's steps, weighted by their durations (it
+    costs a pass over the block tables per step: only the memory-waste experiment needs it).
+    `observer` sees every executed step. The engine should be fresh: its clock starts the trace.
+    """
+    inner = engine.executor
+    kv = KVUsageAccumulator(total_slots(engine.scheduler)) if track_kv else None
+    recorder = _MeasuringExecutor(inner, engine, kv, observer)
+    wait = getattr(inner, "advance_to", None) or (lambda t: time.sleep(max(0.0, t - inner.now())))
+    lengths = {str(r.request_id): (r.request_id, r.prompt_len) for r in trace}
+    records: list[RequestRecord] = []
+    num_rejected = 0
+    bar = tqdm(total=len(trace), desc="trace", mininterval=1.0, disable=not show_progress)
+    engine.executor = recorder
+    start = time.perf_counter()
+    try:
+        i, n = 0, len(trace)
+        while (i < n or engine.has_unfinished()) and recorder.now() < until:
+            now = recorder.now()
+            while i < n and trace[i].arrival_time <= now:
+                req = trace[i]
+                engine.add_request(str(req.request_id), req.prompt_token_ids.tolist(),
+                                   SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+                                   arrival_time=req.arrival_time)
+                i += 1
+            steps = engine.num_steps
+            outputs = engine.step() if engine.has_unfinished() else []
+            for out in outputs:
+                if out.error is not None:
+                    num_rejected += 1
+                    continue
+                request_id, prompt_len = lengths[out.request_id]
+                records.append(RequestRecord(request_id, out.arrival_time, out.first_scheduled_time,
+                                             out.first_token_time, out.finish_time, prompt_len,
+                                             len(out.output_token_ids[0])))
+            bar.update(len(outputs))
+            if engine.num_steps == steps and not outputs:  # nothing ran: idle until the next arrival
+                if i == n:
+                    raise RuntimeError(f"the engine made no progress with {n - len(records) - num_rejected} "
+                                       "requests unfinished and none left to arrive")
+                wait(trace[i].arrival_time)
+            elif show_progress and engine.num_steps % 256 == 0:
+                bar.set_postfix(t_s=f"{recorder.now():.0f}", kv=f"{engine.scheduler.block_manager.usage():.0%}",
+                                refresh=False)
+    finally:
+        engine.executor = inner
+        bar.close()
+    wall = time.perf_counter() - start
+    return TraceResult(records, num_rejected, engine.scheduler.num_preemptions, recorder.batch.mean(),
+                       kv.percentages() if kv is not None else None, engine.num_steps, inner.now(), wall)

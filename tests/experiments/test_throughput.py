@@ -1,0 +1,71 @@
+"""experiments.throughput: a tiny sweep end to end, resuming, sustained rates, config errors."""
+
+import json
+
+import pytest
+
+from experiments import throughput
+from experiments.throughput import ThroughputConfig, sustained_rates
+from jpaged.config import CacheConfig, config_from_dict
+
+
+def tiny_config(tmp_path, **overrides):
+    fields = dict(systems=["vllm", "orca_max"], rates={"vllm": [1.0, 6.0], "orca_max": [1.0, 6.0]},
+                  duration_s=20.0, cache=CacheConfig(num_blocks=984, num_host_blocks=0),
+                  output=str(tmp_path / "tp.json"), figure=str(tmp_path / "tp.png"))
+    return ThroughputConfig(**(fields | overrides))
+
+
+def test_run_writes_points_sustained_rates_and_figure(tmp_path, capsys):
+    result = throughput.run(tiny_config(tmp_path))
+    assert json.loads((tmp_path / "tp.json").read_text())["sustained_rate"] == result["sustained_rate"]
+    assert (tmp_path / "tp.png").stat().st_size > 0
+    assert len(result["points"]) == 4
+    point = result["points"][0]
+    for key in ("system", "request_rate", "normalized_latency", "avg_batched_requests", "request_throughput",
+                "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "num_preemptions", "wall_s"):
+        assert key in point
+    assert set(result["sustained_rate"]) == {"vllm", "orca_max"}
+    assert result["provenance"]["config"]["duration_s"] == 20.0
+    assert "sustained_rate.vllm" in capsys.readouterr().out
+
+
+def test_resume_skips_finished_points(tmp_path, monkeypatch):
+    throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}))
+    ran = []
+    real = throughput.run_point
+    monkeypatch.setattr(throughput, "run_point", lambda c, s, r: ran.append((s, r)) or real(c, s, r))
+    result = throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0, 2.0]}))
+    assert ran == [("vllm", 2.0)] and len(result["points"]) == 2
+    ran.clear()
+    throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}, seed=1))  # new settings: afresh
+    assert ran == [("vllm", 1.0)]
+
+
+def test_sustained_rate_interpolates_and_flags_censoring():
+    points = [{"system": "a", "request_rate": r, "normalized_latency": lat} for r, lat in
+              [(1.0, 0.1), (2.0, 0.2), (3.0, 0.6)]] + [{"system": "b", "request_rate": 1.0, "normalized_latency": 0.1}]
+    out = sustained_rates(points, ["a", "b"], threshold=0.4)
+    assert out["a"] == {"rate": pytest.approx(2.5), "censored": None}
+    assert out["b"] == {"rate": 1.0, "censored": "above_sweep"}
+    assert sustained_rates(points, ["a"], threshold=0.05)["a"]["censored"] == "below_sweep"
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="rates.orca_max"):
+        ThroughputConfig(systems=["orca_max"], rates={})
+    with pytest.raises(ValueError, match="system must be one of"):
+        ThroughputConfig(systems=["orca"], rates={"orca": [1.0]})
+    with pytest.raises(ValueError, match="unknown key"):
+        config_from_dict(ThroughputConfig, {"sytems": ["vllm"]})
+
+
+@pytest.mark.slow
+def test_real_executor_config_runs(tmp_path):
+    """The CPU real-model config (tiny-opt, executor: jax) through the same code path."""
+    from jpaged.config import load_config
+
+    config = load_config(throughput.REPO_ROOT / "configs/throughput_tiny_jax.yaml", ThroughputConfig)
+    config = ThroughputConfig(**(vars(config) | dict(output=str(tmp_path / "j.json"), figure=str(tmp_path / "j.png"))))
+    result = throughput.run(config)
+    assert all(p["completed"] > 0 for p in result["points"])
