@@ -13,7 +13,6 @@ import functools
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jpaged.models import decoder, layers
@@ -112,8 +111,9 @@ class ModelRunner:
         spec = self.spec
 
         def attend(pool, i, q, k, v):
-            # q [T, Hq, D], k/v [T, Hkv, D]; the pool travels as the scan carry and layer i is
-            # written back in place, so the whole stack is never copied per layer.
+            # q [T, Hq, D], k/v [T, Hkv, D]. The stacked pool travels as the scan carry; the kernels
+            # take one layer's pages, so layer i is sliced out, updated and written back (XLA
+            # copies that slice: one pool-sized copy per step, in exchange for per-layer kernels).
             k_pool, v_pool = pool
             k_pages, v_pages = cache_ops.write_kv(k_pool[i], v_pool[i], k, v, slot_mapping)
             out = attend_fn(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)

@@ -34,11 +34,6 @@ class CopyTask:
         if not 1 <= self.answer_len <= self.min_source:
             raise ValueError(f"answer_len must be in [1, min_source={self.min_source}], got {self.answer_len}")
 
-    @property
-    def max_train_len(self) -> int:
-        """Length of a full training sequence `SEP src SEP src` at the longest source."""
-        return 2 * self.max_source + 2
-
     def source(self, rng: np.random.Generator, length: int) -> np.ndarray:
         """`length` distinct content tokens: i32[length]."""
         return rng.choice(np.arange(FIRST_CONTENT, self.vocab_size), size=length, replace=False).astype(np.int32)
@@ -55,16 +50,18 @@ class CopyTask:
             out.append((prompt, src[k:k + self.answer_len].tolist()))
         return out
 
-    def train_batch(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Full sequences and a loss mask on the copy half.
+    def train_batch(self, rng: np.random.Generator, batch_size: int, max_source: int | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Full sequences (sources up to `max_source`, default the task's) and a loss mask on the copy half.
 
-        Returns tokens i32[B, max_train_len] (PAD-padded) and mask f32[B, max_train_len], where
-        mask[b, t] = 1 if tokens[b, t + 1] is a copied token (the target of position t).
+        Returns tokens i32[B, 2 * max_source + 2] (PAD-padded) and mask f32 of the same shape,
+        where mask[b, t] = 1 if tokens[b, t + 1] is a copied token (the target of position t).
         """
-        tokens = np.full((batch_size, self.max_train_len), PAD, np.int32)
-        mask = np.zeros((batch_size, self.max_train_len), np.float32)
+        max_source = max_source or self.max_source
+        tokens = np.full((batch_size, 2 * max_source + 2), PAD, np.int32)
+        mask = np.zeros(tokens.shape, np.float32)
         for b in range(batch_size):
-            length = int(rng.integers(self.min_source, self.max_source + 1))
+            length = int(rng.integers(self.min_source, max_source + 1))
             src = self.source(rng, length)
             tokens[b, :2 * length + 2] = [SEP, *src, SEP, *src]
             mask[b, length + 1:2 * length + 1] = 1.0  # predict src[0] at the second SEP, ..., src[-1]
