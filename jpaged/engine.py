@@ -98,8 +98,6 @@ class LLMEngine:
                              f"(cache.num_blocks - 1) minus a watermark of {bm.watermark_blocks}")
         if not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        if sampling_params.use_beam_search and self.vocab_size is None and self.executor_has_model():
-            raise ValueError("beam search needs a model that returns logits")
         max_tokens = min(sampling_params.max_tokens, cfg.scheduler.max_model_len - len(prompt))
         params = dataclasses.replace(sampling_params, max_tokens=max_tokens)
         seq = Sequence(next(self._seq_ids), prompt)
@@ -137,12 +135,13 @@ class LLMEngine:
         plan = out.plan
         if plan.is_empty and not (len(plan.swap_in_pairs) or len(plan.swap_out_pairs) or len(plan.copy_pairs)):
             return self._drain_outputs()
+        started = self.executor.now()
         result = self.executor.execute(plan)
         self.num_steps += 1
         now = self.executor.now()
         for group in out.groups:
             if group.first_scheduled_time is None:
-                group.first_scheduled_time = now - result.duration
+                group.first_scheduled_time = started
         self.num_seq_steps += plan.num_seqs
         if plan.num_seqs:
             if plan.is_prefill:
@@ -184,9 +183,10 @@ class LLMEngine:
         row_groups = [group_of[seq.seq_id] for seq, _, _ in rows]
         plain = [k for k, (seq, _, _) in enumerate(rows) if not row_groups[k].sampling_params.use_beam_search]
         if logits is None:
-            if beam_groups:
-                raise ValueError("beam search needs a model that returns logits")
             tokens, logprobs = [SIMULATED_TOKEN] * len(rows), None
+            for indices in beam_groups.values():
+                beams = [rows[i][0] for i in indices]
+                self._beam_step(beams, *self._synthetic_candidates(beams), now)
         else:
             result = sample(logits, self._sampling_batch(rows, row_groups))
             tokens, logprobs = result.token_ids.tolist(), result.logprobs.tolist()
@@ -228,6 +228,22 @@ class LLMEngine:
             stream=np.array([request_stream(g.request_id, i) for g, (_, _, i) in zip(groups, rows)], np.int32),
             position=np.array([len(seq) for seq, _, _ in rows], np.int32),
             num_top=2 * max(widths, default=0))
+
+    def _synthetic_candidates(self, beams: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+        """Beam candidates without a model (simulator): seeded random log-probabilities.
+
+        Beams still branch, share and die as in a real search, so memory sharing can be measured;
+        the draws depend only on (seed, request, position, beam), like real sampling.
+        """
+        group = self._group_of_seq[beams[0].seq_id]
+        num_top = 2 * group.sampling_params.n
+        stream = request_stream(group.request_id, 0)
+        top_logprobs = np.empty((len(beams), num_top))
+        for i, seq in enumerate(beams):
+            rng = np.random.default_rng((group.sampling_params.seed, stream, len(seq), i))
+            top_logprobs[i] = -np.cumsum(rng.exponential(1.0, num_top))  # descending
+        top_ids = np.broadcast_to(np.arange(SIMULATED_TOKEN, SIMULATED_TOKEN + num_top), top_logprobs.shape)
+        return top_ids, top_logprobs
 
     def _beam_step(self, beams: list[Sequence], top_ids, top_logprobs, now: float) -> None:
         group = self._group_of_seq[beams[0].seq_id]

@@ -65,13 +65,14 @@ def _sample_row(logits, temperature, top_k, top_p, seed, stream, position):
     return jax.random.categorical(key, masked)
 
 
-@functools.partial(jax.jit, static_argnames=("num_top",))
-def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top):
+@functools.partial(jax.jit, static_argnames=("num_top", "any_random"))
+def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top, any_random):
     logits = logits[logits_rows].astype(jnp.float32)  # [R, V]
     logprobs_all = jax.nn.log_softmax(logits, axis=-1)
-    greedy = jnp.argmax(logits, axis=-1)
-    drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
-    tokens = jnp.where(temperature == 0, greedy, drawn).astype(jnp.int32)
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if any_random:  # the per-row sort of the vocabulary costs: skip it for all-greedy batches
+        drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
+        tokens = jnp.where(temperature == 0, tokens, drawn).astype(jnp.int32)
     chosen = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
     if num_top:
         top_logprobs, top_ids = jax.lax.top_k(logprobs_all, num_top)
@@ -92,7 +93,7 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SampleResult:
     out = _sample(logits, pad(batch.logits_rows, np.int32), pad(batch.temperature, np.float32),
                   pad(batch.top_k, np.int32), pad(batch.top_p, np.float32) + (np.arange(size) >= rows),
                   pad(batch.seed, np.uint32), pad(batch.stream, np.int32), pad(batch.position, np.int32),
-                  num_top=batch.num_top)
+                  num_top=batch.num_top, any_random=bool((batch.temperature > 0).any()))
     tokens, chosen, top_ids, top_logprobs = jax.device_get(out)
     return SampleResult(tokens[:rows], chosen[:rows],
                         None if top_ids is None else top_ids[:rows],

@@ -70,3 +70,21 @@ def test_beam_search_shares_blocks_along_the_tree():
     assert len(group.live_seqs()) == 4
     # 24 prompt tokens fill 3 blocks exactly; the 4 beams share them (plus nothing else yet).
     assert bm.num_usable_blocks - bm.num_free_blocks == 3
+
+
+def test_beam_search_without_a_model_branches_and_frees():
+    """With the simulator's model-less executor, beams still fork, share blocks and finish."""
+    from experiments.bench_host import NullExecutor
+    from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+    from jpaged.engine import LLMEngine
+
+    config = EngineConfig(cache=CacheConfig(block_size=8, num_blocks=64, num_host_blocks=0),
+                          scheduler=SchedulerConfig(max_num_seqs=16, max_model_len=128), executor="sim")
+    engine = LLMEngine(config, executor=NullExecutor())
+    out = engine.generate([list(range(1, 20))], SamplingParams(n=4, use_beam_search=True, max_tokens=12),
+                          use_tqdm=False)[0]
+    assert len(out.output_token_ids) == 4 and all(len(t) == 12 for t in out.output_token_ids)
+    again = LLMEngine(config, executor=NullExecutor()).generate(
+        [list(range(1, 20))], SamplingParams(n=4, use_beam_search=True, max_tokens=12), use_tqdm=False)[0]
+    assert again.cumulative_logprobs == out.cumulative_logprobs
+    assert engine.kv_stats()["num_free_blocks"] == engine.kv_stats()["num_total_blocks"]
