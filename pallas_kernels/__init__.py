@@ -1,6 +1,8 @@
 """Pallas kernels that read keys and values through block tables, each beside its plain-jnp reference.
 
-This package imports nothing from jpaged: kernels are pure functions of arrays.
+This package imports nothing from jpaged: kernels are pure functions of arrays. Every attention
+function and `write_kv` takes one layer's pool `[Hkv, N, Bs, D]`, or the layer-stacked pool
+`[L, Hkv, N, Bs, D]` plus a (traced) layer index, which it reads and writes in place.
 
 - paged_attention: decode (one query token per sequence), GQA, split-K. `paged_attention` (Pallas),
   `paged_attention_reference` (plain gather + softmax, the oracle), `paged_attention_xla` (chunk-

@@ -1,10 +1,11 @@
 """Cache updates on the paged KV pool, in place: write new K/V by slot, copy blocks, swap blocks.
 
-Per-layer pool layout: `[num_kv_heads, num_blocks, block_size, head_dim]`. `copy_blocks`,
-`gather_blocks` and `scatter_blocks` accept any pool whose block axis is -3
-(`[..., num_blocks, block_size, head_dim]`), so a layer-stacked pool `[L, Hkv, N, Bs, D]` is
-updated in one call. The updating functions donate the pool: XLA then performs the scatter in the
-pool's own buffer instead of copying the whole pool (tests check the buffer pointer is unchanged).
+Per-layer pool layout: `[num_kv_heads, num_blocks, block_size, head_dim]`; the model keeps all
+layers in one stack `[L, Hkv, N, Bs, D]`. `write_kv` writes one layer of either (`layer=i` for the
+stack). `copy_blocks`, `gather_blocks` and `scatter_blocks` accept any pool whose block axis is -3
+(`[..., num_blocks, block_size, head_dim]`), so the stacked pool is updated in one call. The
+updating functions donate the pool: XLA then performs the scatter in the pool's own buffer instead
+of copying the whole pool (tests check the buffer pointer is unchanged).
 The caller must use the returned arrays; the donated inputs are invalid afterwards.
 
 Block 0 is the reserved padding target: padded slots (slot < 0) and padding block ids/pairs point
@@ -17,6 +18,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels.common import layer_stack
 
 
 def _check_pool(name: str, pages: jax.Array) -> None:
@@ -31,30 +34,34 @@ def _check_int32(name: str, arr: jax.Array, ndim: int) -> None:
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def write_kv(
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     k_new: jax.Array,  # [T, Hkv, D]
     v_new: jax.Array,  # [T, Hkv, D]
     slot_mapping: jax.Array,  # i32[T]
-) -> tuple[jax.Array, jax.Array]:  # ([Hkv, N, Bs, D], [Hkv, N, Bs, D])
-    """Write token t's K/V to slot `slot_mapping[t]` (= block * block_size + offset) of one layer.
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to write
+) -> tuple[jax.Array, jax.Array]:  # (k_pages, v_pages), shapes unchanged
+    """Write token t's K/V to slot `slot_mapping[t]` (= block * block_size + offset).
 
+    One layer's pool, or layer `layer` of a layer-stacked pool: the scatter then touches only the
+    written slots of that layer, so a model step that scans over layers never copies the pool.
     Slots < 0 (padding) are sent to slot 0 of the reserved block 0. Returns the updated pools.
     """
-    if k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
-        raise ValueError(f"k_pages/v_pages: expected equal [Hkv, N, Bs, D], got {k_pages.shape}, {v_pages.shape}")
-    num_kv_heads, num_blocks, block_size, head_dim = k_pages.shape
+    k_stack, v_stack, layer = layer_stack(k_pages, v_pages, layer)  # [L, Hkv, N, Bs, D] x2, i32[]
+    _, num_kv_heads, num_blocks, block_size, head_dim = k_stack.shape
     _check_int32("slot_mapping", slot_mapping, 1)
     expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
     for name, new in (("k_new", k_new), ("v_new", v_new)):
         if new.shape != expected:
             raise ValueError(f"{name}: expected [T, Hkv, D] = {list(expected)}, got {list(new.shape)}")
     slots = jnp.where(slot_mapping < 0, 0, slot_mapping)  # [T]
-    blocks, offsets = slots // block_size, slots % block_size
-    # Out-of-pool slots are a caller bug; drop them rather than clamp onto a live block.
-    k_pages = k_pages.at[:, blocks, offsets].set(k_new.swapaxes(0, 1).astype(k_pages.dtype), mode="drop")
-    v_pages = v_pages.at[:, blocks, offsets].set(v_new.swapaxes(0, 1).astype(v_pages.dtype), mode="drop")
-    return k_pages, v_pages
+    blocks, offsets = slots // block_size, slots % block_size  # [T], [T]
+    layers = jnp.broadcast_to(layer, blocks.shape)  # [T]
+    # Array indices split by a slice index [T, Hkv, D]: exactly the layout of k_new. Out-of-pool
+    # slots are a caller bug; drop them rather than clamp onto a live block.
+    k_stack = k_stack.at[layers, :, blocks, offsets].set(k_new.astype(k_stack.dtype), mode="drop")
+    v_stack = v_stack.at[layers, :, blocks, offsets].set(v_new.astype(v_stack.dtype), mode="drop")
+    return k_stack.reshape(k_pages.shape), v_stack.reshape(v_pages.shape)
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))

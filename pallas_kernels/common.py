@@ -1,4 +1,5 @@
-"""Pieces shared by the kernels: Triton compiler params, Triton shape rules, backend selection.
+"""Pieces shared by the kernels: Triton compiler params, Triton shape rules, backend selection,
+layer-stacked pool access, the online-softmax steps.
 
 The GPU kernels target the Pallas Triton lowering (A100, H100/H200). jax >= 0.10 lowers a
 `pallas_call` without compiler params to Mosaic GPU, so every call passes Triton's params
@@ -73,6 +74,42 @@ def resolve_backend(backend: Backend) -> Literal["pallas", "xla"]:
     if backend not in ("pallas", "xla"):
         raise ValueError(f"backend: must be 'auto', 'pallas' or 'xla', got {backend!r}")
     return backend
+
+
+def layer_stack(k_pages: jax.Array, v_pages: jax.Array, layer) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The K/V pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer to use as i32[].
+
+    Kernels read and write one layer of the stacked pool in place: slicing `pool[layer]` out (and
+    writing it back) would copy a whole layer per layer, i.e. the whole pool every step. A single
+    layer `[Hkv, N, Bs, D]` with `layer=None` is viewed as a stack of one (a free reshape), so one
+    code path serves both. Raises ValueError naming `k_pages`, `v_pages` or `layer`.
+    """
+    if layer is None:
+        if k_pages.ndim != 4:
+            raise ValueError(f"k_pages: without a layer index expected [num_kv_heads, num_blocks, block_size, "
+                             f"head_dim], got {k_pages.shape}")
+        k_pages, v_pages, layer = k_pages[None], v_pages[None], 0
+    elif k_pages.ndim != 5:
+        raise ValueError(f"k_pages: with a layer index expected [num_layers, num_kv_heads, num_blocks, block_size, "
+                         f"head_dim], got {k_pages.shape}")
+    if v_pages.shape != k_pages.shape:
+        raise ValueError(f"v_pages: shape {v_pages.shape} must equal k_pages shape {k_pages.shape}")
+    layer = jnp.asarray(layer)
+    if layer.ndim != 0 or not jnp.issubdtype(layer.dtype, jnp.integer):
+        raise ValueError(f"layer: expected an integer scalar in [0, {k_pages.shape[0]}), "
+                         f"got {layer.dtype}{list(layer.shape)}")
+    return k_pages, v_pages, layer.astype(jnp.int32)
+
+
+def gather_pages(
+    pages: jax.Array,  # [L, Hkv, N, Bs, D]
+    layer: jax.Array,  # i32[]
+    block_ids: jax.Array,  # i32[*I]
+) -> jax.Array:  # [Hkv, *I, Bs, D]
+    """Whole blocks of one layer, read with a single gather (the layer is never sliced out first)."""
+    layers = jnp.broadcast_to(layer, block_ids.shape)
+    # Two array indices separated by a slice put the index dims first: [*I, Hkv, Bs, D].
+    return jnp.moveaxis(pages[layers, :, block_ids], block_ids.ndim, 0)
 
 
 def dot_precision(dtype) -> jax.lax.Precision:

@@ -1,6 +1,8 @@
 """Decode attention over a paged KV cache: one query token per sequence.
 
 Pool layout per layer: `k_pages`, `v_pages` `[num_kv_heads, num_blocks, block_size, head_dim]`.
+Every function also reads one layer of a layer-stacked pool `[num_layers, ...]` given `layer`, in
+place (the model step passes its whole pool and a layer index; slicing would copy the layer).
 Sequence `b` owns the tokens `0 .. context_lens[b]-1`, stored at
 `k_pages[h, block_tables[b, t // block_size], t % block_size]`. Slots past a sequence's length
 hold stale data from earlier owners (possibly NaN) and are masked so they can never reach an output.
@@ -27,23 +29,24 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2, online_softmax_step,
-    resolve_backend, triton_compiler_params, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM, Backend, check_knob, check_tile, combine_splits, gather_pages, init_softmax_state, layer_stack,
+    next_power_of_2, online_softmax_step, resolve_backend, triton_compiler_params, xla_softmax_finish,
+    xla_softmax_init, xla_softmax_step,
 )
 
 
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens) -> None:
-    """Raise ValueError naming the first argument whose shape or dtype does not fit."""
+def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer):
+    """Raise ValueError naming the first argument whose shape or dtype does not fit.
+
+    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
+    """
     if q.ndim != 3:
         raise ValueError(f"q: expected [batch, num_q_heads, head_dim], got shape {q.shape}")
-    if k_pages.ndim != 4:
-        raise ValueError(f"k_pages: expected [num_kv_heads, num_blocks, block_size, head_dim], got {k_pages.shape}")
-    if v_pages.shape != k_pages.shape:
-        raise ValueError(f"v_pages: shape {v_pages.shape} must equal k_pages shape {k_pages.shape}")
+    k_pages, v_pages, layer = layer_stack(k_pages, v_pages, layer)
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pages.shape[0]
-    if k_pages.shape[3] != head_dim:
-        raise ValueError(f"k_pages: head_dim {k_pages.shape[3]} must equal q head_dim {head_dim}")
+    num_kv_heads = k_pages.shape[1]
+    if k_pages.shape[4] != head_dim:
+        raise ValueError(f"k_pages: head_dim {k_pages.shape[4]} must equal q head_dim {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     if block_tables.ndim != 2 or block_tables.shape[0] != batch:
@@ -53,15 +56,17 @@ def _check_shapes(q, k_pages, v_pages, block_tables, context_lens) -> None:
     for name, arr in (("block_tables", block_tables), ("context_lens", context_lens)):
         if arr.dtype != jnp.int32:
             raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+    return k_pages, v_pages, layer
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
 def paged_attention_reference(
     q: jax.Array,  # [B, Hq, D]
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     block_tables: jax.Array,  # i32[B, M]
     context_lens: jax.Array,  # i32[B]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
 ) -> jax.Array:  # [B, Hq, D]
@@ -69,13 +74,13 @@ def paged_attention_reference(
 
     Accumulates in float32 and returns `q.dtype`. Rows of sequences with `context_lens == 0` are 0.
     """
-    _check_shapes(q, k_pages, v_pages, block_tables, context_lens)
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, block_size, _ = k_pages.shape
+    _, num_kv_heads, _, block_size, _ = k_pages.shape
     max_len = block_tables.shape[1] * block_size
     # Gather through the block table: [Hkv, B, M, Bs, D] -> [Hkv, B, L, D].
-    k = k_pages[:, block_tables].reshape(num_kv_heads, batch, max_len, head_dim)
-    v = v_pages[:, block_tables].reshape(num_kv_heads, batch, max_len, head_dim)
+    k = gather_pages(k_pages, layer, block_tables).reshape(num_kv_heads, batch, max_len, head_dim)
+    v = gather_pages(v_pages, layer, block_tables).reshape(num_kv_heads, batch, max_len, head_dim)
     valid = jnp.arange(max_len)[None, :] < context_lens[:, None]  # [B, L]
     # Zero stale V rows: masked probabilities are 0, but 0 * NaN would still be NaN.
     v = jnp.where(valid[None, :, :, None], v, 0).astype(jnp.float32)
@@ -97,20 +102,21 @@ def paged_attention_reference(
 @functools.partial(jax.jit, static_argnames=("scale", "block_k"))
 def paged_attention_xla(
     q: jax.Array,  # [B, Hq, D]
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     block_tables: jax.Array,  # i32[B, M]
     context_lens: jax.Array,  # i32[B]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
     block_k: int = 64,
 ) -> jax.Array:  # [B, Hq, D]
     """XLA paged decode attention: a scan over chunks of `block_k` tokens (rounded up to whole
     blocks) of every block table, gathering one chunk at a time. Same contract as the reference."""
-    _check_shapes(q, k_pages, v_pages, block_tables, context_lens)
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     check_knob("block_k", block_k)
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, block_size, _ = k_pages.shape
+    _, num_kv_heads, _, block_size, _ = k_pages.shape
     max_blocks = block_tables.shape[1]
     pages = min(max(1, block_k // block_size), max_blocks)
     steps = pl.cdiv(max_blocks, pages)
@@ -122,8 +128,8 @@ def paged_attention_xla(
 
     def step(state, xs):
         table, i = xs  # i32[B, P], i32[]
-        k = k_pages[:, table].reshape(num_kv_heads, batch, chunk, head_dim)  # [Hkv, B, P * Bs, D]
-        v = v_pages[:, table].reshape(num_kv_heads, batch, chunk, head_dim)
+        k = gather_pages(k_pages, layer, table).reshape(num_kv_heads, batch, chunk, head_dim)  # [Hkv, B, P * Bs, D]
+        v = gather_pages(v_pages, layer, table).reshape(num_kv_heads, batch, chunk, head_dim)
         valid = i * chunk + jnp.arange(chunk)[None, :] < lens[:, None]  # [B, P * Bs]
         return xla_softmax_step(state, qg, k, v, valid[None, :, None, :], scale=scale), None
 
@@ -133,11 +139,12 @@ def paged_attention_xla(
 
 
 def _decode_kernel(
+    layer_ref,  # i32[1]: the layer of the stacked pool to read
     lens_ref,  # i32[1]: context length of this program's sequence
     tables_ref,  # i32[pages_per_split]: this split's slice of the sequence's block table
     q_ref,  # [Gp, D]: the query heads of this KV head (rows >= G are zero padding)
-    k_ref,  # [N, Bs, D]: this KV head's K pool
-    v_ref,  # [N, Bs, D]: this KV head's V pool
+    k_ref,  # [L, N, Bs, D]: this KV head's K pool, all layers
+    v_ref,  # [L, N, Bs, D]: this KV head's V pool, all layers
     o_ref,  # f32[Gp, D]: unnormalised partial output of this split
     m_ref,  # f32[Gp]: running max of this split's scores
     l_ref,  # f32[Gp]: softmax denominator of this split
@@ -146,9 +153,9 @@ def _decode_kernel(
     pages_per_chunk: int,
 ):
     pages_per_split = tables_ref.shape[0]
-    block_size, head_dim = k_ref.shape[1], k_ref.shape[2]
+    block_size, head_dim = k_ref.shape[2], k_ref.shape[3]
     chunk = pages_per_chunk * block_size
-    length = lens_ref[0]
+    layer, length = layer_ref[0], lens_ref[0]
     first_page = pl.program_id(2) * pages_per_split
     # Pages of this split that hold tokens; 0 for an empty split, which then skips the loop.
     num_pages = jnp.clip(pl.cdiv(length, block_size) - first_page, 0, pages_per_split)
@@ -156,8 +163,9 @@ def _decode_kernel(
 
     def body(c, state):
         ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
-        k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
-        v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        # Indexing the layer inside the kernel reads the pages in place: no layer slice is copied.
+        k = k_ref[layer, ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        v = v_ref[layer, ids].reshape(chunk, head_dim)  # [P * Bs, D]
         tokens = (first_page + c * pages_per_chunk) * block_size + jnp.arange(chunk)  # [P * Bs]
         valid = tokens < length
         return online_softmax_step(state, q, k, v, valid[None, :], valid, scale=scale)
@@ -173,10 +181,11 @@ def _decode_kernel(
                                              "interpret"))
 def paged_attention(
     q: jax.Array,  # [B, Hq, D]
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     block_tables: jax.Array,  # i32[B, M]
     context_lens: jax.Array,  # i32[B]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
     block_k: int = 64,
@@ -191,9 +200,9 @@ def paged_attention(
     `num_splits` context splits per (sequence, KV head) (capped by the number of steps),
     `num_warps` / `num_stages` Triton's. `interpret=True` runs the kernel on CPU.
     """
-    _check_shapes(q, k_pages, v_pages, block_tables, context_lens)
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
-    num_kv_heads, num_blocks, block_size, _ = k_pages.shape
+    num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     max_blocks = block_tables.shape[1]
     check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
     check_tile("block_size", block_size)
@@ -214,11 +223,14 @@ def paged_attention(
     qg = q.reshape(batch, num_kv_heads, group, head_dim)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
 
-    pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda b, h, s: (h, 0, 0, 0))
+    # A program sees its KV head's pages of every layer and picks the layer itself: a BlockSpec
+    # index map cannot read the (traced) layer under the Triton lowering.
+    pool_spec = pl.BlockSpec((num_layers, None, num_blocks, block_size, head_dim), lambda b, h, s: (0, h, 0, 0, 0))
     o, m, l = pl.pallas_call(
         functools.partial(_decode_kernel, scale=scale, pages_per_chunk=pages_per_chunk),
         grid=(batch, num_kv_heads, splits),
         in_specs=[
+            pl.BlockSpec((1,), lambda b, h, s: (0,)),
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, None, pages_per_split), lambda b, h, s: (b, s, 0)),
             pl.BlockSpec((None, None, group_pad, head_dim), lambda b, h, s: (b, h, 0, 0)),
@@ -238,7 +250,7 @@ def paged_attention(
         compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_decode_attention",
-    )(lens, tables, qg, k_pages, v_pages)
+    )(layer.reshape(1), lens, tables, qg, k_pages, v_pages)
     return combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
 
 
@@ -246,7 +258,7 @@ def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
     """The decode attention function for `backend` ('auto' | 'pallas' | 'xla').
 
     Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, *, scale)`: `paged_attention_xla` or the Pallas kernel with `interpret` and its
+    context_lens, layer=None, *, scale)`: `paged_attention_xla` or the Pallas kernel with `interpret` and its
     knobs bound.
     """
     if resolve_backend(backend) == "xla":

@@ -5,6 +5,7 @@ tokens of its context (their K/V already written into its pages), so query row `
 position `context_lens[s] - q_len + i` and attends causally to positions `<=` its own. One path
 serves a plain prompt, a prompt whose prefix is cached, chunked prefill and recompute after
 preemption. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
+Pools are one layer `[Hkv, N, Bs, D]`, or a layer stack `[L, Hkv, N, Bs, D]` read in place at `layer`.
 
 `paged_prefill_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The
 wrapper cuts every sequence's query rows into tiles of `block_q` tokens (a tile never straddles two
@@ -27,23 +28,23 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_tile, init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend,
-    triton_compiler_params,
+    MIN_DOT_DIM, Backend, check_tile, gather_pages, init_softmax_state, layer_stack, next_power_of_2,
+    online_softmax_step, resolve_backend, triton_compiler_params,
 )
 
 
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc) -> None:
-    """Raise ValueError naming the first argument whose shape or dtype does not fit."""
+def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
+    """Raise ValueError naming the first argument whose shape or dtype does not fit.
+
+    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
+    """
     if q.ndim != 3:
         raise ValueError(f"q: expected [num_tokens, num_q_heads, head_dim], got shape {q.shape}")
-    if k_pages.ndim != 4:
-        raise ValueError(f"k_pages: expected [num_kv_heads, num_blocks, block_size, head_dim], got {k_pages.shape}")
-    if v_pages.shape != k_pages.shape:
-        raise ValueError(f"v_pages: shape {v_pages.shape} must equal k_pages shape {k_pages.shape}")
+    k_pages, v_pages, layer = layer_stack(k_pages, v_pages, layer)
     _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pages.shape[0]
-    if k_pages.shape[3] != head_dim:
-        raise ValueError(f"k_pages: head_dim {k_pages.shape[3]} must equal q head_dim {head_dim}")
+    num_kv_heads = k_pages.shape[1]
+    if k_pages.shape[4] != head_dim:
+        raise ValueError(f"k_pages: head_dim {k_pages.shape[4]} must equal q head_dim {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     if block_tables.ndim != 2:
@@ -57,6 +58,7 @@ def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_l
                       ("query_start_loc", query_start_loc)):
         if arr.dtype != jnp.int32:
             raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+    return k_pages, v_pages, layer
 
 
 def token_positions(query_start_loc: jax.Array, context_lens: jax.Array, num_tokens: int):
@@ -79,11 +81,12 @@ def token_positions(query_start_loc: jax.Array, context_lens: jax.Array, num_tok
 @functools.partial(jax.jit, static_argnames=("scale",))
 def paged_prefill_attention_reference(
     q: jax.Array,  # [T, Hq, D]
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     block_tables: jax.Array,  # i32[S, M]
     context_lens: jax.Array,  # i32[S]
     query_start_loc: jax.Array,  # i32[S + 1]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
 ) -> jax.Array:  # [T, Hq, D]
@@ -92,9 +95,9 @@ def paged_prefill_attention_reference(
     Scans over sequences so memory stays at one sequence's `[T, Hq, L]` scores; each step fills the
     rows that sequence owns. Accumulates in float32 and returns `q.dtype`.
     """
-    _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, block_size, _ = k_pages.shape
+    _, num_kv_heads, _, block_size, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
     max_len = block_tables.shape[1] * block_size
     seq_ids, positions, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
@@ -103,8 +106,9 @@ def paged_prefill_attention_reference(
 
     def one_sequence(out, seq):
         table, length, seq_id = seq  # i32[M], i32[], i32[]
-        k = k_pages[:, table].reshape(num_kv_heads, max_len, head_dim).astype(jnp.float32)  # [Hkv, L, D]
-        v = v_pages[:, table].reshape(num_kv_heads, max_len, head_dim).astype(jnp.float32)
+        k = gather_pages(k_pages, layer, table).reshape(num_kv_heads, max_len, head_dim)  # [Hkv, L, D]
+        v = gather_pages(v_pages, layer, table).reshape(num_kv_heads, max_len, head_dim)
+        k, v = k.astype(jnp.float32), v.astype(jnp.float32)
         # Zero stale V rows: masked probabilities are 0, but 0 * NaN would still be NaN.
         v = jnp.where((key_pos < length)[None, :, None], v, 0)
         owned = row_valid & (seq_ids == seq_id)  # [T]
@@ -125,11 +129,12 @@ def paged_prefill_attention_reference(
 
 
 def _prefill_kernel(
+    layer_ref,  # i32[1]: the layer of the stacked pool to read
     meta_ref,  # i32[2]: (context length, position of the tile's first query row); length 0 = empty tile
     tables_ref,  # i32[M_pad]: block table of the tile's sequence
     q_ref,  # [Bq * Gp, D]: row r is token r // Gp, query head r % Gp of this KV head's group
-    k_ref,  # [N, Bs, D]: this KV head's K pool
-    v_ref,  # [N, Bs, D]: this KV head's V pool
+    k_ref,  # [L, N, Bs, D]: this KV head's K pool, all layers
+    v_ref,  # [L, N, Bs, D]: this KV head's V pool, all layers
     o_ref,  # [Bq * Gp, D]
     *,
     scale: float,
@@ -137,9 +142,9 @@ def _prefill_kernel(
     pages_per_chunk: int,
 ):
     rows, head_dim = q_ref.shape
-    block_size = k_ref.shape[1]
+    block_size = k_ref.shape[2]
     chunk = pages_per_chunk * block_size
-    length, first_pos = meta_ref[0], meta_ref[1]
+    layer, length, first_pos = layer_ref[0], meta_ref[0], meta_ref[1]
     positions = first_pos + jnp.arange(rows) // group_pad  # [Bq * Gp]
     # Causal: the tile needs keys up to its last row's position (never past the context).
     num_keys = jnp.minimum(length, first_pos + rows // group_pad)
@@ -147,8 +152,9 @@ def _prefill_kernel(
 
     def body(c, state):
         ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
-        k = k_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
-        v = v_ref[ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        # Indexing the layer inside the kernel reads the pages in place: no layer slice is copied.
+        k = k_ref[layer, ids].reshape(chunk, head_dim)  # [P * Bs, D]
+        v = v_ref[layer, ids].reshape(chunk, head_dim)  # [P * Bs, D]
         keys = c * chunk + jnp.arange(chunk)  # [P * Bs]
         in_context = keys < length
         allowed = in_context[None, :] & (keys[None, :] <= positions[:, None])  # [R, P * Bs]
@@ -179,11 +185,12 @@ def _tile_plan(query_start_loc, block_q: int, num_tiles: int):
                                              "interpret"))
 def paged_prefill_attention(
     q: jax.Array,  # [T, Hq, D]
-    k_pages: jax.Array,  # [Hkv, N, Bs, D]
-    v_pages: jax.Array,  # [Hkv, N, Bs, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
     block_tables: jax.Array,  # i32[S, M]
     context_lens: jax.Array,  # i32[S]
     query_start_loc: jax.Array,  # i32[S + 1]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
     block_q: int = 16,
@@ -198,9 +205,9 @@ def paged_prefill_attention(
     Gp is the GQA group padded to a power of two), `block_k` key tokens per inner step (rounded up
     to whole blocks; a power of two >= 16), `num_warps` / `num_stages` Triton's.
     """
-    _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, num_blocks, block_size, _ = k_pages.shape
+    num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     num_seqs, max_blocks = block_tables.shape
     group = num_q_heads // num_kv_heads
     group_pad = next_power_of_2(group)
@@ -231,12 +238,15 @@ def paged_prefill_attention(
     q_tiles = qg[jnp.clip(token_of, 0, num_tokens - 1)]  # [NT, Bq, Hkv, Gp, D]
     q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_kv_heads, rows, head_dim)
 
-    pool_spec = pl.BlockSpec((None, num_blocks, block_size, head_dim), lambda t, h: (h, 0, 0, 0))
+    # A program sees its KV head's pages of every layer and picks the layer itself: a BlockSpec
+    # index map cannot read the (traced) layer under the Triton lowering.
+    pool_spec = pl.BlockSpec((num_layers, None, num_blocks, block_size, head_dim), lambda t, h: (0, h, 0, 0, 0))
     row_spec = pl.BlockSpec((None, None, rows, head_dim), lambda t, h: (t, h, 0, 0))
     o_tiles = pl.pallas_call(
         functools.partial(_prefill_kernel, scale=scale, group_pad=group_pad, pages_per_chunk=pages_per_chunk),
         grid=(num_tiles, num_kv_heads),
         in_specs=[
+            pl.BlockSpec((1,), lambda t, h: (0,)),
             pl.BlockSpec((None, 2), lambda t, h: (t, 0)),
             pl.BlockSpec((None, tables.shape[1]), lambda t, h: (t, 0)),
             row_spec,
@@ -248,7 +258,7 @@ def paged_prefill_attention(
         compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_prefill_attention",
-    )(meta, tables, q_tiles, k_pages, v_pages)
+    )(layer.reshape(1), meta, tables, q_tiles, k_pages, v_pages)
 
     # Back to token order: token t is row (t - start) % Bq of tile first_tile[s] + (t - start) // Bq.
     seq_ids, _, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
@@ -263,7 +273,7 @@ def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
     """The prefill attention function for `backend` ('auto' | 'pallas' | 'xla').
 
     Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, query_start_loc, *, scale)`; Pallas knobs and `interpret` are bound here.
+    context_lens, query_start_loc, layer=None, *, scale)`; Pallas knobs and `interpret` are bound here.
     """
     if resolve_backend(backend) == "xla":
         return paged_prefill_attention_reference

@@ -1,8 +1,9 @@
 """The paged KV pool: allocation and sizing from a memory budget.
 
 Layout: a tuple `(k_pool, v_pool)`, each `[num_layers, num_kv_heads, num_blocks, block_size,
-head_dim]`, so one KV head's block is contiguous (what the kernels read) and a layer's pages are
-`pool[layer]`. Block 0 is reserved as the padding target and never holds a live token.
+head_dim]`, so one KV head's block is contiguous (what the kernels read). The model step never
+slices `pool[layer]` out (a copy); the kernels take the stack and a layer index. Block 0 is
+reserved as the padding target and never holds a live token.
 """
 
 from __future__ import annotations

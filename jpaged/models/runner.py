@@ -3,8 +3,10 @@
 Two entries, one per plan shape: `prefill` (any number of query tokens per sequence, the last ones
 of its context) and `decode` (exactly one token per sequence). Both donate the KV pool, write each
 layer's new K/V through the kernels' `write_kv`, and attend through the paged kernels (Pallas) or
-their plain-jnp references (XLA). Each distinct padded shape compiles once; `num_compilations`
-counts traces so the engine can show that steady-state serving does not recompile.
+their XLA paths, all indexing layer i of the stacked pool in place: a step moves only the slots it
+writes, never a copy of the pool (tests/models/test_runner_in_place.py). Each distinct padded
+shape compiles once; `num_compilations` counts traces so the engine can show that steady-state
+serving does not recompile.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def step_arrays(plan: Any) -> dict[str, np.ndarray]:
 def _without_query_ranges(decode_attn: Callable) -> Callable:
     """Gives decode attention the prefill signature; one query per sequence needs no query ranges."""
 
-    def attend(q, k_pages, v_pages, block_tables, context_lens, query_start_loc):
-        return decode_attn(q, k_pages, v_pages, block_tables, context_lens)
+    def attend(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
+        return decode_attn(q, k_pages, v_pages, block_tables, context_lens, layer)
 
     return attend
 
@@ -111,14 +113,11 @@ class ModelRunner:
         spec = self.spec
 
         def attend(pool, i, q, k, v):
-            # q [T, Hq, D], k/v [T, Hkv, D]. The stacked pool travels as the scan carry; the kernels
-            # take one layer's pages, so layer i is sliced out, updated and written back (XLA
-            # copies that slice: one pool-sized copy per step, in exchange for per-layer kernels).
-            k_pool, v_pool = pool
-            k_pages, v_pages = cache_ops.write_kv(k_pool[i], v_pool[i], k, v, slot_mapping)
-            out = attend_fn(q, k_pages, v_pages, block_tables, context_lens, query_start_loc)
-            k_pool = jax.lax.dynamic_update_index_in_dim(k_pool, k_pages, i, 0)
-            v_pool = jax.lax.dynamic_update_index_in_dim(v_pool, v_pages, i, 0)
+            # q [T, Hq, D], k/v [T, Hkv, D]. The stacked pool [L, Hkv, N, Bs, D] travels as the scan
+            # carry and the kernels index layer i inside it: slicing the layer out and writing it
+            # back would copy the whole pool every step. Only the written slots move.
+            k_pool, v_pool = cache_ops.write_kv(*pool, k, v, slot_mapping, i)
+            out = attend_fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, i)
             return out, (k_pool, v_pool)
 
         h = decoder.embed(spec, params, token_ids, positions)  # [T, H]
