@@ -132,7 +132,12 @@ class Scheduler:
             final_len = group.prompt_len + group.sampling_params.max_tokens
             prefix = ({"token_ids": seqs[0].token_ids, "cache_salt": group.cache_salt, "keys": seqs[0].block_keys}
                       if self.prefix_caching else {})
-            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs), final_len=final_len, **prefix)
+            # A manager that reserves memory per sequence (Orca's contiguous regions) must find room
+            # now for the sequences a fresh group forks into after its prompt; paged blocks share it.
+            forks = (group.sampling_params.n - len(seqs)
+                     if len(group.seqs) == 1 and getattr(bm, "reserves_per_sequence", False) else 0)
+            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs) + forks, final_len=final_len,
+                                     **prefix)
             if status is AllocStatus.NEVER:
                 self.waiting.popleft()
                 rejected.append((group, f"needs {sum(bm.blocks_for(len(s)) for s in seqs)} KV blocks, more than the "
@@ -150,6 +155,9 @@ class Scheduler:
                     # The prompt's full blocks are written by this step (each layer writes before
                     # it attends), so later admissions, even in this batch, may share them.
                     bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
+                elif forks > 0:
+                    bm.allocate(seq.seq_id, len(seq), final_len=final_len, num_forks=forks)
+                    starts[seq.seq_id] = 0
                 else:
                     bm.allocate(seq.seq_id, len(seq), final_len=final_len)
                     starts[seq.seq_id] = 0

@@ -8,7 +8,15 @@ at least one block, and a region at buddy offset `o` is the consecutive block id
 scheduler, StepPlans and executors (simulated or real) serve Orca and vLLM alike.
 
 A reservation covers the sequence's final length, so appending never fails and Orca never
-preempts; there is no swap space. Pure Python + numpy: no jax import.
+preempts; there is no swap space.
+
+Requests with several sequences (parallel sampling, beam search) share nothing: a group of width
+n reserves n regions at admission (the scheduler passes `num_forks = n - 1`), and `fork` gives
+the child one of the group's spare regions and copies the parent's written blocks into it (the
+copy pairs go out with the next `append_slots`, so the executor copies before the model writes).
+A region freed while its group lives goes back to the group's spares, since beam search forks
+again. Beam search may fork before it drops the beams it replaces; a child forked with no spare
+waits for the next sibling's region freed in that same beam step. Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ class ContiguousBlockManager:
     num_host_blocks = 0  # no swap space: Orca never preempts
     num_free_host_blocks = 0
     watermark_blocks = 0  # nothing grows past its reservation, so no admission headroom is needed
+    reserves_per_sequence = True  # the scheduler reserves for a fresh group's future forks at admission
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, policy: Policy,
                  max_seqs: int = 256):
@@ -50,6 +59,12 @@ class ContiguousBlockManager:
         self.final_len = np.zeros(rows, dtype=np.int64)  # [rows] prompt + max_tokens of the sequence
         self._free_rows = list(range(rows - 1, -1, -1))
         self._row_of: dict[int, int] = {}  # seq id -> row
+        # Groups of forked sequences, keyed by the id of the sequence admitted first (the root).
+        self._family: dict[int, int] = {}  # seq id -> root id
+        self._members: dict[int, int] = {}  # root id -> live sequences holding a row
+        self._spares: dict[int, list[int]] = {}  # root id -> buddy offsets of reserved, unused regions
+        self._waiting_forks: dict[int, list[tuple[int, int]]] = {}  # root id -> (child, parent) without a region
+        self._copies: dict[int, list[tuple[int, int]]] = {}  # root id -> (src, dst) block copies not yet issued
 
     # ------------------------------------------------------------------ queries
 
@@ -111,53 +126,78 @@ class ContiguousBlockManager:
     # ------------------------------------------------------------------ allocate / free
 
     def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None) -> AllocStatus:
-        """Whether one sequence of `num_tokens` tokens, growing to `final_len`, gets a region now."""
-        if num_seqs != 1:
-            raise ValueError(f"contiguous baselines serve one sequence per request, got num_seqs={num_seqs}")
-        need = self.reserved_blocks(num_tokens, final_len)
-        if order_of(need) > self.buddy.max_order:
-            return AllocStatus.NEVER
-        return AllocStatus.OK if self.buddy.can_allocate(need) else AllocStatus.LATER
+        """Whether `num_seqs` regions for sequences of `num_tokens` tokens, growing to `final_len`, fit now.
 
-    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None) -> int:
-        """Reserves a region for a new sequence and gives its first `num_tokens` tokens slots; returns its row."""
+        A free buddy block of order o holds 2^(o - k) regions of order k, so the count is exact.
+        """
+        if num_seqs < 1:
+            raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
+        k = order_of(self.reserved_blocks(num_tokens, final_len))
+        if k > self.buddy.max_order or self.buddy.num_units >> k < num_seqs:
+            return AllocStatus.NEVER
+        if num_seqs == 1:  # the common case, O(log n)
+            return AllocStatus.OK if self.buddy.can_allocate(1 << k) else AllocStatus.LATER
+        fits = sum(units >> k for _, units in self.buddy.free_blocks())
+        return AllocStatus.OK if fits >= num_seqs else AllocStatus.LATER
+
+    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None, num_forks: int = 0) -> int:
+        """Reserves a region for a new sequence, plus `num_forks` spare regions for the sequences it
+        will fork into, and gives its first `num_tokens` tokens slots; returns its row."""
         if seq_id in self._row_of:
             raise ValueError(f"sequence {seq_id} already holds a region")
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if num_forks < 0:
+            raise ValueError(f"num_forks must be >= 0, got {num_forks}")
         need = self.reserved_blocks(num_tokens, final_len)
-        offset = self.buddy.allocate(need)
-        if offset is None:
-            raise ValueError(f"no free region of {need} blocks (largest free: "
+        if self.can_allocate(num_tokens, 1 + num_forks, final_len) is not AllocStatus.OK:
+            raise ValueError(f"no room for {1 + num_forks} free regions of {need} blocks (largest free: "
                              f"{self.buddy.largest_free_block()}); check can_allocate first")
-        if not self._free_rows:
-            self._grow_rows()
-        row = self._free_rows.pop()
-        self._row_of[seq_id] = row
-        n = self.blocks_for(num_tokens)
-        self.base[row] = offset + 1
-        self.region_blocks[row] = self.buddy.allocated_size(offset)
-        self.final_len[row] = final_len
-        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
-        self.num_table_blocks[row] = n
-        self.num_tokens[row] = num_tokens
-        return row
+        offsets = [self.buddy.allocate(need) for _ in range(1 + num_forks)]
+        self._family[seq_id] = seq_id
+        self._members[seq_id] = 1
+        self._spares[seq_id] = offsets[1:]
+        return self._place(seq_id, offsets[0], num_tokens, final_len)
 
     def free(self, seq_id: int) -> None:
-        """Returns the sequence's region to the buddy allocator."""
+        """Drops the sequence's region: to its group's spares while the group lives, else to the buddy."""
         if seq_id not in self._row_of:
             raise KeyError(f"cannot free sequence {seq_id}: it holds no region (unknown or already freed)")
-        row = self._row_of.pop(seq_id)
-        self.buddy.free(int(self.base[row]) - 1)
-        self.block_tables[row, : self.num_table_blocks[row]] = 0
-        self.num_table_blocks[row] = 0
-        self.num_tokens[row] = 0
-        self._free_rows.append(row)
+        row = self._row_of[seq_id]
+        root = self._family[seq_id]
+        waiting = self._waiting_forks[root]
+        if int(self.base[row]) == 0:  # a fork still waiting for a region
+            waiting[:] = [(c, p) for c, p in waiting if c != seq_id]
+        elif waiting:  # (a child of this very sequence gets its tokens in place: nothing to copy)
+            child, parent = waiting.pop(0)
+            self._give_region(child, parent, int(self.base[row]) - 1)
+        else:
+            self._spares[root].append(int(self.base[row]) - 1)
+        del self._row_of[seq_id], self._family[seq_id]
+        self._clear_row(row)
+        self._members[root] -= 1
+        if self._members[root] == 0:  # the group is done: its spares and pending copies go
+            for offset in self._spares.pop(root):
+                self.buddy.free(offset)
+            del self._members[root], self._waiting_forks[root], self._copies[root]
 
     def fork(self, parent_id: int, child_id: int) -> int:
-        """Unsupported: Orca gives each sequence its own region; serve n = 1 requests without beams."""
-        raise ValueError("contiguous baselines serve one sequence per request (n = 1, no beam search); "
-                         f"cannot fork sequence {parent_id}")
+        """Gives `child_id` a spare region of the parent's group holding a copy of the parent's
+        tokens (or, with no spare, the next region a sibling frees); returns its row."""
+        if child_id in self._row_of:
+            raise ValueError(f"cannot fork onto sequence {child_id}: it already holds a region")
+        parent_row = self.row_of(parent_id)
+        root = self._family[parent_id]
+        self._family[child_id] = root
+        self._members[root] += 1
+        row = self._take_row(child_id)
+        self.final_len[row] = self.final_len[parent_row]
+        self.num_tokens[row] = self.num_tokens[parent_row]
+        if self._spares[root]:
+            self._give_region(child_id, parent_id, self._spares[root].pop())
+        else:
+            self._waiting_forks[root].append((child_id, parent_id))
+        return row
 
     # ------------------------------------------------------------------ append (decode hot path)
 
@@ -170,10 +210,16 @@ class ContiguousBlockManager:
         return True
 
     def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Gives each row the next slot of its region: slot = base * B + position. Never copies."""
+        """Gives each row the next slot of its region: slot = base * B + position. The copy pairs
+        returned are the forks' copies issued since the last call (none without forks)."""
+        copies = [pair for pairs in self._copies.values() for pair in pairs]
+        for pairs in self._copies.values():
+            pairs.clear()
         bs = self.block_size
         pos = self.num_tokens[rows]
         base = self.base[rows]
+        if (base == 0).any():  # only inside one beam step may a fork lack a region
+            raise RuntimeError("a forked sequence has no region: its group forked more beams than it frees")
         if (pos >= self.region_blocks[rows] * bs).any():
             # The engine finishes a sequence at final_len, which every policy reserves: a caller bug.
             raise RuntimeError("a sequence outgrew its contiguous reservation")
@@ -183,7 +229,7 @@ class ContiguousBlockManager:
             self.block_tables[rows[opens], logical] = base[opens] + logical
             self.num_table_blocks[rows[opens]] = logical + 1
         self.num_tokens[rows] = pos + 1
-        return (base * bs + pos).astype(np.int32), []
+        return (base * bs + pos).astype(np.int32), copies
 
     def slot_mapping(self, row: int, start: int, end: int) -> np.ndarray:
         """Slots of positions [start, end) of a row's sequence: consecutive from base * B."""
@@ -211,13 +257,15 @@ class ContiguousBlockManager:
         still write; internal = the rest of the region (policy over-reservation, block and buddy
         power-of-two rounding). external = free slots in buddy blocks too small for the next
         request's region, `next_request` = (tokens, final_len) of the head of the waiting queue;
-        0 when nothing waits. `final_lens` is unused: each region records its own.
+        0 when nothing waits. `final_lens` is unused: each region records its own. A group's spare
+        regions count as reserved: its future forks will fill them.
         """
         bs = self.block_size
         rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
         tokens = int(self.num_tokens[rows].sum())
-        will = int(np.maximum(self.final_len[rows] - 1, self.num_tokens[rows]).sum())
-        region = int(self.region_blocks[rows].sum()) * bs
+        spare = self._spare_blocks() * bs
+        will = int(np.maximum(self.final_len[rows] - 1, self.num_tokens[rows]).sum()) + spare
+        region = int(self.region_blocks[rows].sum()) * bs + spare
         external = 0
         if next_request is not None:
             need = self.reserved_blocks(*next_request)
@@ -227,9 +275,55 @@ class ContiguousBlockManager:
     def token_slots_in_use(self) -> tuple[int, int]:
         """(slots holding token states, slots inside allocated regions)."""
         rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        return int(self.num_tokens[rows].sum()), int(self.region_blocks[rows].sum()) * self.block_size
+        regions = int(self.region_blocks[rows].sum()) + self._spare_blocks()
+        return int(self.num_tokens[rows].sum()), regions * self.block_size
 
     # ------------------------------------------------------------------ internals
+
+    def _place(self, seq_id: int, offset: int, num_tokens: int, final_len: int) -> int:
+        """A row for `seq_id` in the region at buddy `offset`, holding `num_tokens` tokens."""
+        root = self._family[seq_id]
+        self._waiting_forks.setdefault(root, [])
+        self._copies.setdefault(root, [])
+        row = self._take_row(seq_id)
+        n = self.blocks_for(num_tokens)
+        self.base[row] = offset + 1
+        self.region_blocks[row] = self.buddy.allocated_size(offset)
+        self.final_len[row] = final_len
+        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
+        self.num_table_blocks[row] = n
+        self.num_tokens[row] = num_tokens
+        return row
+
+    def _give_region(self, child_id: int, parent_id: int, offset: int) -> None:
+        """Moves a forked child into the region at `offset` and queues copies of the parent's blocks."""
+        row, parent_row = self._row_of[child_id], self._row_of[parent_id]
+        n = int(self.num_table_blocks[parent_row])
+        self.base[row] = offset + 1
+        self.region_blocks[row] = self.buddy.allocated_size(offset)
+        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
+        self.num_table_blocks[row] = n
+        src = self.block_tables[parent_row, :n].tolist()
+        self._copies[self._family[child_id]].extend(
+            (s, d) for s, d in zip(src, range(offset + 1, offset + 1 + n)) if s != d)
+
+    def _take_row(self, seq_id: int) -> int:
+        if not self._free_rows:
+            self._grow_rows()
+        row = self._free_rows.pop()
+        self._row_of[seq_id] = row
+        return row
+
+    def _clear_row(self, row: int) -> None:
+        self.block_tables[row, : self.num_table_blocks[row]] = 0
+        self.num_table_blocks[row] = 0
+        self.num_tokens[row] = 0
+        self.base[row] = 0
+        self._free_rows.append(row)
+
+    def _spare_blocks(self) -> int:
+        """Blocks in the spare regions of every live group."""
+        return sum(self.buddy.allocated_size(o) for offsets in self._spares.values() for o in offsets)
 
     def _grow_rows(self) -> None:
         old = len(self.num_tokens)

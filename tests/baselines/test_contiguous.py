@@ -77,11 +77,61 @@ def test_can_allocate_later_never_and_free_coalesces():
     assert big.can_allocate(10, 1, 20) is AllocStatus.NEVER
     with pytest.raises(KeyError, match="sequence 5"):
         bm.free(5)
-    with pytest.raises(ValueError, match="one sequence"):
-        bm.can_allocate(10, 2, 20)
-    bm.allocate(2, 10, 20)
-    with pytest.raises(ValueError, match="fork"):
-        bm.fork(2, 3)
+    with pytest.raises(ValueError, match="num_seqs"):
+        bm.can_allocate(10, 0, 20)
+
+
+def test_group_reserves_regions_and_fork_copies_the_parent():
+    bm = manager("oracle", num_units=16)
+    assert bm.can_allocate(20, 3, 40) is AllocStatus.OK  # 3 blocks -> buddy 4; four fit in 16
+    assert bm.can_allocate(20, 5, 40) is AllocStatus.NEVER
+    row = bm.allocate(0, 20, 40, num_forks=2)
+    assert bm.num_free_blocks == 16 - 3 * 4
+    assert bm.can_allocate(20, 2, 40) is AllocStatus.LATER and bm.can_allocate(20, 1, 40) is AllocStatus.OK
+    child = bm.fork(0, 1)
+    assert bm.region(1) == (9, 4) and bm.num_tokens[child] == 20  # the last spare region
+    np.testing.assert_array_equal(bm.block_table(1), [9, 10])
+    slots, pairs = bm.append_slots(np.array([row, child]))
+    assert pairs == [(1, 9), (2, 10)] and slots.tolist() == [1 * BS + 20, 9 * BS + 20]
+    assert bm.append_slots(np.array([row]))[1] == []  # copies are issued once
+    token, reserved, internal, _ = bm.usage_breakdown()
+    assert token + reserved + internal == 12 * BS  # the spare region counts as reserved
+    bm.free(1)  # back to the group's spares, not to the buddy
+    assert bm.num_free_blocks == 4
+    bm.free(0)
+    assert bm.num_free_blocks == 16 and bm.usage() == 0.0
+
+
+def test_beam_fork_without_spare_waits_for_a_dropped_sibling():
+    bm = manager("oracle", num_units=16)
+    bm.allocate(0, 20, 40, num_forks=1)
+    bm.fork(0, 1)  # takes the spare
+    child = bm.fork(0, 2)  # beam 0 had both kids; beam 1 is dropped after
+    with pytest.raises(RuntimeError, match="no region"):
+        bm.append_slots(np.array([child]))
+    bm.free(1)
+    assert bm.region(2) == (5, 4)
+    _, pairs = bm.append_slots(np.array([bm.row_of(0), child]))
+    assert (1, 5) in pairs and (2, 6) in pairs
+    bm.free(0)
+    bm.free(2)
+    assert bm.num_free_blocks == 16
+
+
+def test_orca_serves_parallel_sampling_and_beam_search_in_the_simulator():
+    from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from jpaged.sequence import SamplingParams
+    from jpaged.systems import build_engine
+
+    config = EngineConfig(model=ModelConfig(name="opt-13b"), cache=CacheConfig(num_blocks=200, num_host_blocks=0),
+                          scheduler=SchedulerConfig(max_model_len=2048), executor="sim")
+    prompts = [list(range(4, 4 + n)) for n in (19, 40, 7, 33)]
+    for params in (SamplingParams(n=4, temperature=1.0, max_tokens=30, ignore_eos=True),
+                   SamplingParams(n=3, use_beam_search=True, max_tokens=25, ignore_eos=True)):
+        engine = build_engine("orca_oracle", config)
+        outputs = engine.generate(prompts, params, use_tqdm=False)
+        assert all(len(o.output_token_ids) == params.n and o.error is None for o in outputs)
+        assert engine.scheduler.block_manager.num_free_blocks == 199
 
 
 def test_usage_breakdown_by_hand():
