@@ -230,12 +230,15 @@ class Scheduler:
         pairs: list[tuple[int, int]] = []
         seqs: list[Sequence] = []
         num_seqs = len(self._running_batch()[0])
+        num_appends = 0  # new blocks the groups swapped in so far may take for this step's token
         while self.swapped:
             group = self.swapped[0]
             group_seqs = group.live_seqs(SequenceStatus.SWAPPED)
             seq_ids = [s.seq_id for s in group_seqs]
-            # Room for the blocks plus one new block per sequence for this step's token.
-            if num_seqs + len(seq_ids) > self.config.max_num_seqs or not bm.can_swap_in(seq_ids, len(seq_ids)):
+            # Room for the blocks plus one new block per sequence (this group's and earlier ones')
+            # for this step's token.
+            num_appends += len(seq_ids)
+            if num_seqs + len(seq_ids) > self.config.max_num_seqs or not bm.can_swap_in(seq_ids, num_appends):
                 break
             self.swapped.popleft()
             self._batch = None

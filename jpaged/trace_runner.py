@@ -75,13 +75,16 @@ class _MeasuringExecutor:
 
 def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = False,
               observer: StepObserver | None = None,
-              until: float = float("inf"), show_progress: bool = False) -> TraceResult:
+              until: float = float("inf"), show_progress: bool = False,
+              params_of: Callable[[TraceRequest], SamplingParams] | None = None) -> TraceResult:
     """Serves `trace` (sorted by arrival) on `engine` until every request has finished, or until
     the clock passes `until` seconds (requests unfinished then are left out of the records).
 
     `track_kv` averages the KV breakdown over the run's steps, weighted by their durations (it
     costs a pass over the block tables per step: only the memory-waste experiment needs it).
-    `observer` sees every executed step. The engine should be fresh: its clock starts the trace.
+    `observer` sees every executed step. `params_of` gives a request's sampling parameters
+    (parallel sampling, beam search); by default one sequence of exactly output_len tokens.
+    The engine should be fresh: its clock starts the trace.
     """
     inner = engine.executor
     kv = KVUsageAccumulator(total_slots(engine.scheduler)) if track_kv else None
@@ -99,8 +102,9 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = 
             now = recorder.now()
             while i < n and trace[i].arrival_time <= now:
                 req = trace[i]
-                engine.add_request(str(req.request_id), req.prompt_token_ids.tolist(),
-                                   SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+                params = (SamplingParams(max_tokens=req.output_len, ignore_eos=True) if params_of is None
+                          else params_of(req))
+                engine.add_request(str(req.request_id), req.prompt_token_ids.tolist(), params,
                                    arrival_time=req.arrival_time)
                 i += 1
             steps = engine.num_steps

@@ -55,14 +55,19 @@ def _check_dataset(dataset: str) -> None:
         raise ValueError(f"dataset must be 'sharegpt' or 'alpaca', got {dataset!r}")
 
 
-def _sharegpt_candidates(m: int, rng: np.random.Generator, p_human: float,
-                         reply_lambda: float) -> tuple[np.ndarray, np.ndarray]:
-    """m unfiltered (prompt, output) float draws of the ShareGPT generator."""
+def _human_turns(m: int, rng: np.random.Generator) -> np.ndarray:
+    """m float lengths of ShareGPT human turns (the lognormal + bounded Pareto mixture)."""
     lognormal = np.exp(rng.normal(SG_HUMAN_MU, SG_HUMAN_SIGMA, m))
     a, lo, hi = SG_PARETO_ALPHA, SG_PARETO_L, SG_PARETO_U
     # Inverse CDF of the Pareto(alpha) truncated to [L, U].
     pareto = lo / (1.0 - rng.random(m) * (1.0 - (lo / hi) ** a)) ** (1.0 / a)
-    human = np.where(rng.random(m) < SG_HUMAN_W, lognormal, pareto)
+    return np.where(rng.random(m) < SG_HUMAN_W, lognormal, pareto)
+
+
+def _sharegpt_candidates(m: int, rng: np.random.Generator, p_human: float,
+                         reply_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+    """m unfiltered (prompt, output) float draws of the ShareGPT generator."""
+    human = _human_turns(m, rng)
     reply_prompt = reply_lambda * rng.weibull(SG_REPLY_K, m)
     prompt = np.where(rng.random(m) < p_human, human, reply_prompt)
     output = reply_lambda * rng.weibull(SG_REPLY_K, m)
@@ -277,3 +282,47 @@ def load_hf_tokenizer(path: str | Path) -> Callable[[str], list[int]]:
                           "to jpaged.workloads.load_dataset") from exc
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return lambda text: tokenizer(text).input_ids
+
+
+def conversation_lengths(n: int, rng: np.random.Generator, *, mean_rounds: float = 4.0,
+                         max_prompt_len: int = 1024, max_output_len: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt_len, output_len) int64[n] of chatbot requests (paper §6.5), one per conversation round.
+
+    Conversations are synthesized from the ShareGPT shapes: a Geometric number of rounds with mean
+    `mean_rounds` (an assumption: the measured samples hold first turns only); each round a human
+    query (the human-turn mixture) and a reply (the calibrated reply Weibull). A round's prompt is
+    the whole history (earlier queries and replies) plus its query, cut to the last
+    `max_prompt_len` tokens; its output is the reply, capped at `max_output_len`; both at least
+    MIN_LEN. Requests are the rounds in conversation order.
+    """
+    if n < 0 or mean_rounds < 1 or max_prompt_len < MIN_LEN or max_output_len < MIN_LEN:
+        raise ValueError(f"need n >= 0, mean_rounds >= 1, max_prompt_len and max_output_len >= {MIN_LEN}; "
+                         f"got {n}, {mean_rounds}, {max_prompt_len}, {max_output_len}")
+    prompts, outputs = [], []
+    while len(prompts) < n:
+        rounds = int(rng.geometric(1.0 / mean_rounds))
+        queries = np.maximum(np.rint(_human_turns(rounds, rng)), MIN_LEN).astype(np.int64)
+        replies = np.maximum(np.rint(SG_REPLY_LAMBDA * rng.weibull(SG_REPLY_K, rounds)), MIN_LEN).astype(np.int64)
+        history = np.concatenate([[0], np.cumsum(queries + replies)[:-1]])  # tokens before each round
+        prompts.extend(np.minimum(history + queries, max_prompt_len).tolist())
+        outputs.extend(np.minimum(replies, max_output_len).tolist())
+    return np.array(prompts[:n], dtype=np.int64), np.array(outputs[:n], dtype=np.int64)
+
+
+def lengths_trace(arrivals: np.ndarray, prompt_lens: np.ndarray, output_lens: np.ndarray,
+                  rng: np.random.Generator, vocab_size: int = 50272,
+                  prefix: np.ndarray | None = None) -> list[TraceRequest]:
+    """Requests at `arrivals` with seeded pseudo-random prompt ids in [4, vocab_size).
+
+    With `prefix` (i32 token ids), every prompt is that prefix followed by prompt_len random
+    tokens (so prompt_len counts only the part after the prefix).
+    """
+    if not len(arrivals) == len(prompt_lens) == len(output_lens):
+        raise ValueError(f"arrivals, prompt_lens and output_lens must have one length, got "
+                         f"{len(arrivals)}, {len(prompt_lens)}, {len(output_lens)}")
+    head = np.zeros(0, np.int32) if prefix is None else np.asarray(prefix, np.int32)
+    out = []
+    for i, (t, p, o) in enumerate(zip(arrivals.tolist(), prompt_lens.tolist(), output_lens.tolist())):
+        ids = np.concatenate([head, rng.integers(4, vocab_size, p, dtype=np.int32)])
+        out.append(TraceRequest(i, float(t), len(ids), int(o), ids))
+    return out
