@@ -1,0 +1,94 @@
+"""Every experiment's default config in order, one progress bar, then the figures and REPORT.md.
+
+Each experiment writes its JSON and figures as its own entry point does; the report
+(`experiments.report`) is then rewritten from the JSON files. The full run includes the slow
+real-hardware benchmarks (kernel_bench, bench_host, serve_real). `--quick` skips those and runs
+shortened copies of the other configs (shorter traces, fewer points: the overrides in QUICK)
+into results/quick/, with their own REPORT.md there, in under 10 minutes on a 2-core CPU. Sweeps
+resume past finished points, so an interrupted run picks up where it stopped.
+
+    python -m experiments.reproduce_all [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from experiments.common import REPO_ROOT
+from experiments.report import write_report
+from jpaged.config import load_config
+
+# (module, config) in order; the module's run(config) and its config class are looked up by name.
+STEPS = (("memory_waste", "memory_waste"), ("throughput", "throughput"),
+         ("parallel_sampling", "parallel_sampling"), ("shared_prefix", "shared_prefix"), ("chatbot", "chatbot"),
+         ("kernel_bench", "kernel_bench"), ("kernel_bench", "kernel_bench_block_sizes"),
+         ("block_size", "block_size"), ("preemption", "preemption"), ("bench_host", "bench_host"),
+         ("serve_real", "serve_real"))
+SLOW = {"kernel_bench", "kernel_bench_block_sizes", "bench_host", "serve_real"}  # real hardware: full run only
+CONFIG_CLASSES = {"memory_waste": "MemoryWasteConfig", "throughput": "ThroughputConfig",
+                  "parallel_sampling": "ParallelSamplingConfig", "shared_prefix": "SharedPrefixConfig",
+                  "chatbot": "ChatbotConfig", "kernel_bench": "KernelBenchConfig", "block_size": "BlockSizeConfig",
+                  "preemption": "PreemptionConfig", "bench_host": "BenchHostConfig", "serve_real": "ServeRealConfig"}
+# --quick: shorter traces and fewer points (the same code paths as the full configs).
+QUICK = {
+    "memory_waste": {"duration_s": 200.0, "picture_start_s": 100.0, "picture_window_s": 30.0},
+    "throughput": {"duration_s": 120.0, "rates": {"vllm": [1.0, 2.0, 3.0, 4.0], "orca_oracle": [0.5, 1.0, 1.5, 2.5],
+                                                  "orca_pow2": [0.5, 1.0, 1.5, 2.0], "orca_max": [0.25, 0.75, 1.25, 2.0],
+                                                  "fastertransformer": [0.1, 0.3, 0.5, 1.0]}},
+    "parallel_sampling": {"duration_s": 30.0, "widths": [2, 6],
+                          "rates": {"parallel2": [4, 16, 32, 48], "parallel6": [1, 4, 8, 16],
+                                    "beam2": [4, 16, 24, 32], "beam6": [1, 4, 8, 12]}},
+    "shared_prefix": {"duration_s": 60.0, "rates": {"vllm_80": [20, 40, 60, 80], "orca_oracle_80": [10, 20, 30, 40],
+                                                    "vllm_341": [10, 30, 50, 70], "orca_oracle_341": [4, 8, 12, 20]}},
+    "chatbot": {"duration_s": 200.0, "rates": {"vllm": [0.5, 1.0, 1.5, 2.0], "orca_oracle": [0.25, 0.5, 1.0, 1.5],
+                                               "orca_pow2": [0.25, 0.5, 1.0, 1.5], "orca_max": [0.25, 0.5, 1.0, 1.5]}},
+    "block_size": {"duration_s": 60.0, "block_sizes": [1, 4, 16, 64, 256]},
+    "preemption": {"duration_s": 120.0, "block_sizes": [1, 4, 16, 64, 256], "seq_len": 256, "repeats": 2},
+}
+_OUTPUT_FIELDS = ("output", "figure", "saving_figure", "pool_figure", "plot")
+
+
+def load_step(module_name: str, config_name: str, quick: bool):
+    """(run, config) of one step; under `quick` with QUICK's overrides and outputs in results/quick/."""
+    module = importlib.import_module(f"experiments.{module_name}")
+    config = load_config(REPO_ROOT / "configs" / f"{config_name}.yaml", getattr(module, CONFIG_CLASSES[module_name]))
+    if quick:
+        changes = dict(QUICK.get(config_name, {}))
+        for name in _OUTPUT_FIELDS:
+            value = getattr(config, name, "")
+            if value:
+                changes[name] = str(Path("results/quick") / Path(value).name)
+        config = dataclasses.replace(config, **changes)
+    return module.run, config
+
+
+def main(quick: bool) -> None:
+    """Runs the steps (quick: the fast ones, shortened), then rewrites the report."""
+    from tqdm.auto import tqdm
+
+    steps = [(m, c) for m, c in STEPS if not (quick and (m in SLOW or c in SLOW))]
+    # One bar: the experiments' own bars would interleave with it.
+    os.environ["TQDM_DISABLE"] = "1"
+    start = time.perf_counter()
+    bar = tqdm(steps, desc="reproduce_all", unit="exp", disable=False)
+    for module_name, config_name in bar:
+        bar.set_postfix(experiment=config_name, elapsed_s=f"{time.perf_counter() - start:.0f}", refresh=True)
+        run, config = load_step(module_name, config_name, quick)
+        run(config)
+    results = REPO_ROOT / ("results/quick" if quick else "results")
+    report = write_report(results)
+    print(f"report       {report}")
+    print(f"total_wall_s {time.perf_counter() - start:.1f}")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fast configs into results/quick/ (< 10 min on a CPU)")
+    main(parser.parse_args().quick)
