@@ -15,6 +15,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from jpaged.models.presets import get_preset, preset_names
+
 T = TypeVar("T")
 
 
@@ -74,12 +76,28 @@ class ModelConfig:
     attention_backend: Literal["auto", "pallas", "xla"] = "auto"  # auto: Pallas on GPU, XLA on CPU
     checkpoint: str | None = None  # local orbax checkpoint dir; None = dummy (random, seeded) weights
     seed: int = 0  # seed of dummy weights
+    tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
+    coordinator_address: str | None = None  # multi-host: "host:port" of process 0 (jax.distributed)
+    num_processes: int = 1  # multi-host: processes, one per host; 1 = single host
+    process_id: int = 0  # multi-host: this process's rank in [0, num_processes)
 
     def __post_init__(self) -> None:
         _check(self.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
                f"must be float32, bfloat16 or float16, got {self.dtype!r}")
         _check(self.attention_backend in ("auto", "pallas", "xla"), "model.attention_backend",
                f"must be auto, pallas or xla, got {self.attention_backend!r}")
+        _check(self.tensor_parallel_size >= 1, "model.tensor_parallel_size",
+               f"must be >= 1, got {self.tensor_parallel_size}")
+        if self.name in preset_names():  # other names are checked once the checkpoint's spec is read
+            try:
+                get_preset(self.name).check_tensor_parallel(self.tensor_parallel_size)
+            except ValueError as exc:
+                raise ValueError(f"model.tensor_parallel_size: {exc}") from None
+        _check(self.num_processes >= 1, "model.num_processes", f"must be >= 1, got {self.num_processes}")
+        _check(0 <= self.process_id < self.num_processes, "model.process_id",
+               f"must be in [0, {self.num_processes}), got {self.process_id}")
+        _check(self.num_processes == 1 or self.coordinator_address is not None, "model.coordinator_address",
+               f"is required when num_processes is {self.num_processes}")
 
 
 @dataclasses.dataclass(frozen=True)

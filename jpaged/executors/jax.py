@@ -1,19 +1,27 @@
-"""The real executor: block operations on the KV pool, then the jitted model step, on CPU or GPU.
+"""The real executor: block operations on the KV pool, then the jitted model step, on CPU or GPU(s).
 
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host swap space has the same
 layout in host (numpy) memory. Block operations run in the order the scheduler relies on:
 swap out (frees device blocks), swap in (may reuse them), copy-on-write, then the model writes.
 Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
+
+With `model.tensor_parallel_size > 1` (jpaged.parallel) the weights and the pool are split over a
+device mesh by head; block ids are the same on every device. The host swap space of a process holds
+the KV heads of that process's devices (all heads on a single host): swap moves each device's own
+shard of the blocks, so multi-host runs never gather another host's heads.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jpaged import parallel
 from jpaged.config import EngineConfig
 from jpaged.executors.base import StepResult
 from jpaged.checkpoint import load_params
@@ -35,24 +43,40 @@ def _padded(ids: np.ndarray, size: int) -> np.ndarray:
 
 
 class JaxExecutor:
-    """Runs StepPlans on the real model with a paged KV pool on the default JAX device."""
+    """Runs StepPlans on the real model with a paged KV pool on the default JAX device(s)."""
 
     has_model = True
 
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
         """`params` overrides config.model (dummy seeded weights or a local checkpoint)."""
         model, cache = config.model, config.cache
+        if model.num_processes > 1:  # before any other JAX work
+            parallel.initialize_distributed(model.coordinator_address, model.num_processes, model.process_id)
         if params is None:
-            self.spec, params = load_params(model)
+            spec, params = load_params(model)
         else:
-            self.spec = get_preset(model.name)
+            spec = get_preset(model.name)
+        tp = model.tensor_parallel_size
+        # With fewer KV heads than devices each is replicated: the pool then has `tp` KV heads.
+        self.spec, params = parallel.replicate_kv_heads(spec, params, tp)
+        self.mesh = parallel.make_mesh(tp) if tp > 1 else None
         self.dtype = jnp.dtype(model.dtype)
+        make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.dtype)
+        if self.mesh is None:
+            self.kv_pool = make_pool()
+        else:
+            params = parallel.shard_params(self.spec, params, self.mesh)
+            pools = parallel.pool_sharding(self.mesh)
+            self.kv_pool = jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,
-                                  attention_backend=model.attention_backend)
-        self.kv_pool = init_kv_pool(self.spec, cache.num_blocks, cache.block_size, self.dtype)
-        shape = (self.spec.num_layers, self.spec.num_kv_heads, cache.num_host_blocks, cache.block_size,
-                 self.spec.head_dim)
-        self.host_k = np.zeros(shape, dtype=self.dtype)  # [L, Hkv, H, Bs, D] swap space in host memory
+                                  attention_backend=model.attention_backend, mesh=self.mesh)
+        # The KV heads this process's devices hold: a contiguous range of the head axis.
+        shards = self.kv_pool[0].sharding.addressable_devices_indices_map(self.kv_pool[0].shape)
+        heads = [range(self.spec.num_kv_heads)[index[1]] for index in shards.values()]
+        self._first_head = min(h.start for h in heads)
+        num_local = max(h.stop for h in heads) - self._first_head
+        shape = (self.spec.num_layers, num_local, cache.num_host_blocks, cache.block_size, self.spec.head_dim)
+        self.host_k = np.zeros(shape, dtype=self.dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
         self.host_v = np.zeros(shape, dtype=self.dtype)
         self.vocab_size = self.spec.vocab_size
         self._start = time.perf_counter()
@@ -86,22 +110,31 @@ class JaxExecutor:
         self.kv_pool = (k_pool, v_pool)
         return StepResult(logits, time.perf_counter() - start)
 
+    def _local_heads(self, index: tuple[slice, ...]) -> slice:
+        """This process's host-pool slice of the global head range `index[1]` of a shard."""
+        heads = range(self.spec.num_kv_heads)[index[1]]
+        return slice(heads.start - self._first_head, heads.stop - self._first_head)
+
     def _swap_out(self, k_pool, v_pool, pairs: np.ndarray) -> None:
         size = bucket(len(pairs), minimum=4)
         device_ids = jnp.asarray(_padded(pairs[:, 0], size))
-        n = len(pairs)
-        host_ids = pairs[:, 1]
-        self.host_k[:, :, host_ids] = np.asarray(cache_ops.gather_blocks(k_pool, device_ids))[:, :, :n]
-        self.host_v[:, :, host_ids] = np.asarray(cache_ops.gather_blocks(v_pool, device_ids))[:, :, :n]
+        n, host_ids = len(pairs), pairs[:, 1]
+        for pool, host in ((k_pool, self.host_k), (v_pool, self.host_v)):
+            blocks = cache_ops.gather_blocks(pool, device_ids)  # [L, Hkv, size, Bs, D], split by head
+            for shard in blocks.addressable_shards:  # each device copies out its own heads
+                host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
         size = bucket(len(pairs), minimum=4)
         device_ids = jnp.asarray(_padded(pairs[:, 1], size))
-        blocks_shape = self.host_k.shape[:2] + (size,) + self.host_k.shape[3:]
-        k_blocks = np.zeros(blocks_shape, self.dtype)
-        v_blocks = np.zeros(blocks_shape, self.dtype)
-        k_blocks[:, :, : len(pairs)] = self.host_k[:, :, pairs[:, 0]]
-        v_blocks[:, :, : len(pairs)] = self.host_v[:, :, pairs[:, 0]]
-        k_pool = cache_ops.scatter_blocks(k_pool, device_ids, jnp.asarray(k_blocks))
-        v_pool = cache_ops.scatter_blocks(v_pool, device_ids, jnp.asarray(v_blocks))
-        return k_pool, v_pool
+        updated = []
+        for pool, host in ((k_pool, self.host_k), (v_pool, self.host_v)):
+            local = np.zeros(host.shape[:2] + (size,) + host.shape[3:], self.dtype)  # [L, local Hkv, size, Bs, D]
+            local[:, :, : len(pairs)] = host[:, :, pairs[:, 0]]
+            shape = pool.shape[:2] + (size,) + pool.shape[3:]
+            # Each device receives only its heads' blocks, laid out like the pool it scatters into.
+            blocks = jax.make_array_from_callback(
+                shape, pool.sharding,
+                lambda index, local=local: local[(index[0], self._local_heads(index)) + index[2:]])
+            updated.append(cache_ops.scatter_blocks(pool, device_ids, blocks))
+        return tuple(updated)

@@ -93,6 +93,24 @@ class ModelSpec:
         """Bytes of all parameters stored in `dtype`."""
         return self.num_params() * dtype_itemsize(dtype)
 
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Raise ValueError, naming the numbers, unless `tp` devices can split this model Megatron-style.
+
+        Query heads and the MLP width must divide by `tp`. KV heads must divide by `tp`, or `tp` by
+        them: with fewer KV heads than devices (GQA) each KV head is replicated on
+        `tp // num_kv_heads` devices, as vLLM does, so every device holds the KV head its queries read.
+        """
+        if tp < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        if self.num_heads % tp:
+            raise ValueError(f"{self.name}: num_heads {self.num_heads} is not divisible by tensor_parallel_size {tp}")
+        if self.num_kv_heads % tp and tp % self.num_kv_heads:
+            raise ValueError(f"{self.name}: num_kv_heads {self.num_kv_heads} and tensor_parallel_size {tp} must "
+                             "divide one another (KV heads are split, or replicated when fewer than devices)")
+        if self.intermediate_size % tp:
+            raise ValueError(f"{self.name}: intermediate_size {self.intermediate_size} is not divisible by "
+                             f"tensor_parallel_size {tp}")
+
     def kv_bytes_per_token(self, dtype: Any = "float16") -> int:
         """KV-cache bytes one token occupies: 2 (K, V) x layers x kv_heads x head_dim x itemsize."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_itemsize(dtype)

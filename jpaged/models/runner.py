@@ -17,6 +17,9 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
+from jax.sharding import Mesh
+
+from jpaged import parallel
 from jpaged.models import decoder, layers
 from jpaged.models.kv_pool import KVPool
 from jpaged.models.presets import ModelSpec
@@ -48,12 +51,28 @@ def _without_query_ranges(decode_attn: Callable) -> Callable:
     return attend
 
 
+def _write_and_attend(attend_fn: Callable, q, k, v, k_pool, v_pool, slot_mapping, block_tables, context_lens,
+                      query_start_loc, layer):
+    """Write layer `layer`'s new K/V (k, v [T, Hkv, D]) into the stacked pool and attend with q [T, Hq, D].
+
+    Returns (out [T, Hq, D], k_pool, v_pool). Under tensor parallelism this runs per shard, on the
+    device's own heads and its own slice of the pool.
+    """
+    k_pool, v_pool = cache_ops.write_kv(k_pool, v_pool, k, v, slot_mapping, layer)
+    out = attend_fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, layer)
+    return out, k_pool, v_pool
+
+
 class ModelRunner:
     """Runs a decoder over a paged KV pool; `prefill` and `decode` are jitted pure functions."""
 
     def __init__(self, spec: ModelSpec, params: decoder.Params, *, block_size: int,
-                 attention_backend: str = "auto", interpret: bool | None = None):
-        """`interpret` runs Pallas kernels in interpret mode (default: off GPU only)."""
+                 attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None):
+        """`interpret` runs Pallas kernels in interpret mode (default: off GPU only).
+
+        With a `mesh` (tensor parallelism, see jpaged.parallel) `params` and pools must already be
+        sharded; attention runs per head shard and logits come back replicated.
+        """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.spec = spec
@@ -65,9 +84,18 @@ class ModelRunner:
         interpret = jax.default_backend() != "gpu" if interpret is None else interpret
         decode_attn = functools.partial(paged_attention.select_impl(self.backend, interpret=interpret), scale=scale)
         prefill_attn = functools.partial(paged_prefill.select_impl(self.backend, interpret=interpret), scale=scale)
-        self._decode = jax.jit(functools.partial(self._step, _without_query_ranges(decode_attn)),
-                               donate_argnums=(1,))
-        self._prefill = jax.jit(functools.partial(self._step, prefill_attn), donate_argnums=(1,))
+        jit_kwargs: dict[str, Any] = {"donate_argnums": (1,)}
+        if mesh is not None:
+            # The pool keeps its head sharding so the donated buffers are reused in place.
+            pools = parallel.pool_sharding(mesh)
+            jit_kwargs["out_shardings"] = (parallel.replicated(mesh), (pools, pools))
+        steps = []
+        for attn in (_without_query_ranges(decode_attn), prefill_attn):
+            attend = functools.partial(_write_and_attend, attn)
+            if mesh is not None:
+                attend = parallel.per_head_shards(mesh, attend, num_replicated=5)
+            steps.append(jax.jit(functools.partial(self._step, attend), **jit_kwargs))
+        self._decode, self._prefill = steps
 
     def prefill(self, kv_pool: KVPool, plan: Any) -> tuple[jax.Array, KVPool]:
         """Prefill-shaped step: returns (float32 logits [S, vocab] at `logits_indices`, updated pool).
@@ -105,7 +133,7 @@ class ModelRunner:
             raise ValueError(f"block_tables: expected [S={num_seqs}, M], got {list(arrays['block_tables'].shape)}")
         return arrays
 
-    def _step(self, attend_fn: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
+    def _step(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
               positions: jax.Array, slot_mapping: jax.Array, block_tables: jax.Array,
               context_lens: jax.Array, query_start_loc: jax.Array, logits_indices: jax.Array):
         # Runs only while tracing: counts compilations, one per distinct padded shape.
@@ -116,8 +144,8 @@ class ModelRunner:
             # q [T, Hq, D], k/v [T, Hkv, D]. The stacked pool [L, Hkv, N, Bs, D] travels as the scan
             # carry and the kernels index layer i inside it: slicing the layer out and writing it
             # back would copy the whole pool every step. Only the written slots move.
-            k_pool, v_pool = cache_ops.write_kv(*pool, k, v, slot_mapping, i)
-            out = attend_fn(q, k_pool, v_pool, block_tables, context_lens, query_start_loc, i)
+            out, k_pool, v_pool = write_and_attend(q, k, v, *pool, slot_mapping, block_tables, context_lens,
+                                                   query_start_loc, i)
             return out, (k_pool, v_pool)
 
         h = decoder.embed(spec, params, token_ids, positions)  # [T, H]
