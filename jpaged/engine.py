@@ -59,7 +59,6 @@ class LLMEngine:
         self.executor = executor if executor is not None else _default_executor(config)
         self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
         self._groups: dict[str, SequenceGroup] = {}
-        self._group_of_seq: dict[int, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
@@ -105,7 +104,6 @@ class LLMEngine:
                               self.executor.now() if arrival_time is None else arrival_time,
                               next(self._arrivals), cache_salt=cache_salt)
         self._groups[request_id] = group
-        self._group_of_seq[seq.seq_id] = group
         self.scheduler.add(group)
 
     def executor_has_model(self) -> bool:
@@ -157,8 +155,7 @@ class LLMEngine:
 
     def _process(self, seqs: list[Sequence], logits, now: float) -> None:
         """Samples the step's rows, forks parallel samples after a prompt, advances beams."""
-        group_of = self._group_of_seq
-        groups = [group_of[s.seq_id] for s in seqs]
+        groups = [s.group for s in seqs]
         if all(g.is_single for g in groups):  # the common case: one sequence per request
             if logits is None:
                 self._append_all(seqs, groups, [SIMULATED_TOKEN] * len(seqs), None, now)
@@ -180,7 +177,7 @@ class LLMEngine:
                     rows.append((seq if i == 0 else self._fork(group, seq), logits_row, i))
             else:
                 rows.append((seq, logits_row, group.seqs.index(seq) if params.n > 1 else 0))
-        row_groups = [group_of[seq.seq_id] for seq, _, _ in rows]
+        row_groups = [seq.group for seq, _, _ in rows]
         plain = [k for k, (seq, _, _) in enumerate(rows) if not row_groups[k].sampling_params.use_beam_search]
         if logits is None:
             tokens, logprobs = [SIMULATED_TOKEN] * len(rows), None
@@ -235,7 +232,7 @@ class LLMEngine:
         Beams still branch, share and die as in a real search, so memory sharing can be measured;
         the draws depend only on (seed, request, position, beam), like real sampling.
         """
-        group = self._group_of_seq[beams[0].seq_id]
+        group = beams[0].group
         num_top = 2 * group.sampling_params.n
         stream = request_stream(group.request_id, 0)
         top_logprobs = np.empty((len(beams), num_top))
@@ -246,7 +243,7 @@ class LLMEngine:
         return top_ids, top_logprobs
 
     def _beam_step(self, beams: list[Sequence], top_ids, top_logprobs, now: float) -> None:
-        group = self._group_of_seq[beams[0].seq_id]
+        group = beams[0].group
         params = group.sampling_params
         stops = group.stop_set
         live, finished = beam_search.select([b.cumulative_logprob for b in beams], top_ids, top_logprobs,
@@ -265,7 +262,6 @@ class LLMEngine:
             if not kids:  # dropped beam: give its blocks back
                 self.scheduler.free_seq(parent, group)
                 group.seqs.remove(parent)
-                del self._group_of_seq[parent.seq_id]
                 continue
             forks = [self._fork(group, parent) for _ in kids[1:]]
             for seq, cand in zip([parent] + forks, kids):
@@ -286,12 +282,11 @@ class LLMEngine:
         child = parent.fork(next(self._seq_ids))
         self.scheduler.fork_seq(parent, child)
         group.seqs.append(child)
-        self._group_of_seq[child.seq_id] = group
         return child
 
     def _finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
         seq.status = status
-        self.scheduler.free_seq(seq, self._group_of_seq[seq.seq_id])
+        self.scheduler.free_seq(seq, seq.group)
 
     def _finish_group(self, group: SequenceGroup, status: SequenceStatus | None, now: float | None = None,
                       error: str | None = None) -> None:
@@ -312,8 +307,6 @@ class LLMEngine:
             [s.status.label for s in ranked], group.arrival_time, group.first_scheduled_time,
             group.first_token_time, group.finish_time, error))
         del self._groups[group.request_id]
-        for seq in group.seqs:
-            self._group_of_seq.pop(seq.seq_id, None)
 
     def _drain_outputs(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []

@@ -68,7 +68,8 @@ class SamplingParams:
 class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
-    __slots__ = ("seq_id", "prompt_len", "token_ids", "cumulative_logprob", "status", "parent_id", "block_keys")
+    __slots__ = ("seq_id", "prompt_len", "token_ids", "cumulative_logprob", "status", "parent_id", "block_keys",
+                 "group")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], parent_id: int | None = None):
         self.seq_id = seq_id
@@ -79,6 +80,7 @@ class Sequence:
         self.parent_id = parent_id
         # Prefix-cache keys of the full blocks so far (extended lazily; tokens only ever append).
         self.block_keys: list[tuple[int, ...]] = []
+        self.group: SequenceGroup | None = None  # the request it belongs to (set by SequenceGroup)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -101,6 +103,7 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.status = self.status
         child.block_keys = list(self.block_keys)
+        child.group = self.group
         return child
 
 
@@ -120,6 +123,8 @@ class SequenceGroup:
     finished_beams: list[Sequence] = dataclasses.field(default_factory=list)  # beam search: completed hypotheses
 
     def __post_init__(self) -> None:
+        for seq in self.seqs:
+            seq.group = self
         params = self.sampling_params
         # Stop checks run for every sequence every step: precompute what they read.
         self.stop_set = frozenset(() if params.ignore_eos else params.stop_token_ids)
