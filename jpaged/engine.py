@@ -137,15 +137,13 @@ class LLMEngine:
         result = self.executor.execute(plan)
         self.num_steps += 1
         now = self.executor.now()
-        for group in out.groups:
-            if group.first_scheduled_time is None:
-                group.first_scheduled_time = started
         self.num_seq_steps += plan.num_seqs
         if plan.num_seqs:
             if plan.is_prefill:
                 self.num_prefill_tokens += plan.num_tokens
-                for group in out.groups:  # a prefill step samples every admitted group's first token
-                    if group.first_token_time is None:
+                for group in out.groups:  # a prefill step schedules a group first and samples its first token
+                    if group.first_scheduled_time is None:
+                        group.first_scheduled_time = started
                         group.first_token_time = now
             else:
                 self.num_decode_tokens += plan.num_seqs

@@ -57,6 +57,7 @@ class Scheduler:
         # changes (admission, preemption, swap-in, fork, finish), not every decode step.
         self._batch: tuple[list[Sequence], np.ndarray] | None = None
         self._some_finished = False
+        self._arange = np.arange(config.max_num_seqs + 1, dtype=np.int32)  # reused by decode plans
 
     # ------------------------------------------------------------------ queue management
 
@@ -275,15 +276,19 @@ class Scheduler:
         token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = (
             buffer[:size], buffer[size:2 * size], buffer[2 * size:3 * size], buffer[3 * size:4 * size],
             buffer[4 * size:])
+        if n >= len(self._arange):  # forks (n > 1, beams) can outgrow max_num_seqs
+            self._arange = np.arange(2 * n + 1, dtype=np.int32)
         token_ids[:n] = [s.token_ids[-1] for s in seqs]
-        context_lens[:n] = bm.num_tokens[rows]
+        lengths = bm.num_tokens[rows]  # tokens with a slot, this step's included
+        context_lens[:n] = lengths
         positions = context_lens - 1
         positions[n:] = 0
         slot_mapping[:n] = slots
-        logits_indices[:n] = np.arange(n)
-        query_start_loc[: n + 1] = np.arange(n + 1)
+        logits_indices[:n] = self._arange[:n]
+        query_start_loc[: n + 1] = self._arange[: n + 1]
         query_start_loc[n + 1:] = n
-        width = min(bucket(int(bm.num_table_blocks[rows].max()) if n else 1), bm.max_blocks_per_seq)
+        longest = int(lengths.max()) if n else 1
+        width = min(bucket(-(-longest // bm.block_size)), bm.max_blocks_per_seq)
         tables = np.zeros((size, width), np.int32)
         tables[:n] = bm.block_tables[rows, :width]
         return StepPlan(False, n, n, token_ids, positions, slot_mapping, query_start_loc, context_lens,
