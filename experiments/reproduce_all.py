@@ -13,10 +13,12 @@ resume past finished points, so an interrupted run picks up where it stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
+import io
 import logging
-import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,14 +75,15 @@ def main(quick: bool) -> None:
     from tqdm.auto import tqdm
 
     steps = [(m, c) for m, c in STEPS if not (quick and (m in SLOW or c in SLOW))]
-    # One bar: the experiments' own bars would interleave with it.
-    os.environ["TQDM_DISABLE"] = "1"
     start = time.perf_counter()
-    bar = tqdm(steps, desc="reproduce_all", unit="exp", disable=False)
+    # One bar, on stdout: the experiments' own bars (stderr) are swallowed so they don't interleave
+    # with it; their summary blocks (stdout) and log records (handlers bound earlier) still show.
+    bar = tqdm(steps, desc="reproduce_all", unit="exp", file=sys.stdout)
     for module_name, config_name in bar:
         bar.set_postfix(experiment=config_name, elapsed_s=f"{time.perf_counter() - start:.0f}", refresh=True)
         run, config = load_step(module_name, config_name, quick)
-        run(config)
+        with contextlib.redirect_stderr(io.StringIO()):
+            run(config)
     results = REPO_ROOT / ("results/quick" if quick else "results")
     report = write_report(results)
     print(f"report       {report}")
