@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_tile, gather_pages, init_softmax_state, layer_stack, next_power_of_2,
-    online_softmax_step, resolve_backend, triton_compiler_params,
+    MIN_DOT_DIM, Backend, check_knob, check_tile, gather_pages, init_softmax_state, layer_stack, next_power_of_2,
+    online_softmax_step, resolve_backend, triton_compiler_params, xla_softmax_finish, xla_softmax_init,
 )
 
 
@@ -126,6 +126,79 @@ def paged_prefill_attention_reference(
     seqs = (block_tables, context_lens, jnp.arange(block_tables.shape[0], dtype=jnp.int32))
     out, _ = jax.lax.scan(one_sequence, jnp.zeros_like(qg), seqs)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "block_q", "pages_per_chunk"))
+def paged_prefill_attention_xla(
+    q: jax.Array,  # [T, Hq, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
+    block_tables: jax.Array,  # i32[S, M]
+    context_lens: jax.Array,  # i32[S]
+    query_start_loc: jax.Array,  # i32[S + 1]
+    layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
+    *,
+    scale: float,
+    block_q: int = 32,
+    pages_per_chunk: int = 8,
+) -> jax.Array:  # [T, Hq, D]
+    """The XLA path of paged prefill (CPU): query tiles of one sequence each, keys streamed in chunks.
+
+    The same tile plan as the Pallas kernel, vectorised: every tile attends to its sequence's pages
+    chunk by chunk with an online softmax, so work is ~ tiles x context rather than the
+    reference's sequences x all tokens x context, and no sequence's gathered K/V exists whole.
+    """
+    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    check_knob("block_q", block_q)
+    check_knob("pages_per_chunk", pages_per_chunk)
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, num_kv_heads, _, block_size, _ = k_pages.shape
+    group = num_q_heads // num_kv_heads
+    num_seqs, max_blocks = block_tables.shape
+    block_q = min(block_q, next_power_of_2(num_tokens))  # small batches: no tile larger than the batch
+    num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs  # each sequence adds at most one partial tile
+    tile_seq, tile_row, tile_valid, _ = _tile_plan(query_start_loc, block_q, num_tiles)  # [NT] each
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
+    row_in_seq = tile_row[:, None] + jnp.arange(block_q)[None, :]  # [NT, Bq]
+    row_ok = tile_valid[:, None] & (row_in_seq < q_lens[tile_seq][:, None])  # [NT, Bq]
+    rows = jnp.where(row_ok, query_start_loc[tile_seq][:, None] + row_in_seq, num_tokens)  # T = dropped
+    positions = (context_lens - q_lens)[tile_seq][:, None] + row_in_seq  # [NT, Bq]
+    qt = q[jnp.minimum(rows, num_tokens - 1)].astype(jnp.float32)  # [NT, Bq, Hq, D]
+    # Rows of a tile and query heads of a KV-head group share that head's keys: [NT, Hkv, Bq * G, D].
+    qt = qt.reshape(num_tiles, block_q, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    qt = qt.reshape(num_tiles, num_kv_heads, block_q * group, head_dim)
+    row_pos = jnp.repeat(positions, group, axis=1)  # [NT, Bq * G]
+    lengths = jnp.where(tile_valid, context_lens[tile_seq], 0)  # [NT]
+    pad = -max_blocks % pages_per_chunk
+    tables = jnp.pad(block_tables, ((0, 0), (0, pad)))[tile_seq]  # [NT, M_pad]; pad entries -> block 0
+    chunk = pages_per_chunk * block_size
+
+    def body(c, state):
+        ids = jax.lax.dynamic_slice_in_dim(tables, c * pages_per_chunk, pages_per_chunk, axis=1)  # [NT, P]
+        k = gather_pages(k_pages, layer, ids).reshape(num_kv_heads, num_tiles, chunk, head_dim)
+        v = gather_pages(v_pages, layer, ids).reshape(num_kv_heads, num_tiles, chunk, head_dim)
+        keys = c * chunk + jnp.arange(chunk)  # [C]
+        key_valid = keys[None, :] < lengths[:, None]  # [NT, C]
+        allowed = key_valid[:, None, :] & (keys[None, None, :] <= row_pos[:, :, None])  # [NT, R, C]
+        acc, m, l = state
+        k = k.transpose(1, 0, 2, 3).astype(jnp.float32)  # [NT, Hkv, C, D]
+        v = jnp.where(key_valid[:, None, :, None], v.transpose(1, 0, 2, 3).astype(jnp.float32), 0)
+        s = jnp.einsum("xhrd,xhcd->xhrc", qt, k, precision=jax.lax.Precision.HIGHEST) * scale
+        s = jnp.where(allowed[:, None], s, -jnp.inf)
+        m_next = jnp.maximum(m, s.max(axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_next), m_next, 0.0)  # no live key yet: keep exp() finite
+        correction = jnp.exp(m - m_safe)
+        p = jnp.exp(s - m_safe[..., None])
+        pv = jnp.einsum("xhrc,xhcd->xhrd", p, v, precision=jax.lax.Precision.HIGHEST)
+        return acc * correction[..., None] + pv, m_next, l * correction + p.sum(axis=-1)
+
+    num_chunks = pl.cdiv(jnp.max(lengths), chunk)
+    state = xla_softmax_init((num_tiles, num_kv_heads, block_q * group), head_dim)
+    out = xla_softmax_finish(jax.lax.fori_loop(0, num_chunks, body, state))  # [NT, Hkv, Bq * G, D]
+    out = out.reshape(num_tiles, num_kv_heads, block_q, group, head_dim).transpose(0, 2, 1, 3, 4)
+    out = out.reshape(num_tiles * block_q, num_q_heads, head_dim).astype(q.dtype)
+    result = jnp.zeros((num_tokens, num_q_heads, head_dim), q.dtype)
+    return result.at[rows.reshape(-1)].set(out, mode="drop")  # rows owned by no sequence stay 0
 
 
 def _prefill_kernel(
@@ -276,5 +349,5 @@ def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
     context_lens, query_start_loc, layer=None, *, scale)`; Pallas knobs and `interpret` are bound here.
     """
     if resolve_backend(backend) == "xla":
-        return paged_prefill_attention_reference
+        return paged_prefill_attention_xla
     return functools.partial(paged_prefill_attention, interpret=interpret, **knobs)

@@ -91,6 +91,19 @@ def test_prefill_kernel_matches_reference(block_size, group, head_dim, dtype, to
     assert rel_err(out32, np.asarray(ref, np.float32)) < tol
 
 
+@pytest.mark.parametrize("block_size,group,head_dim", FAST)
+@pytest.mark.parametrize("block_q,pages_per_chunk", [(4, 2), (32, 8)])
+def test_prefill_xla_path_matches_reference(block_size, group, head_dim, block_q, pages_per_chunk):
+    q, case, starts = _prefill_inputs(block_size, group, head_dim)
+    args = (jnp.asarray(q), *case.device(jnp.float32), jnp.asarray(starts))
+    ref = pp.paged_prefill_attention_reference(*args, scale=0.125)
+    # block_q 4 cuts the 37-token chunk into 10 tiles; 2 pages per chunk: >= 3 key chunks.
+    out = pp.paged_prefill_attention_xla(*args, scale=0.125, block_q=block_q, pages_per_chunk=pages_per_chunk)
+    out = np.asarray(out)
+    assert np.isfinite(out).all() and (out[starts[-1]:] == 0).all()
+    assert rel_err(out, np.asarray(ref)) < 1e-5
+
+
 def test_contiguous_kernel_matches_paged_reference():
     """The benchmark's non-paged baseline computes the same attention as the paged path."""
     from pallas_kernels.contiguous_attention import (

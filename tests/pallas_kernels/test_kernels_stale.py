@@ -26,7 +26,12 @@ def _decode(case_arrays, q, backend):
 
 
 def _prefill(case_arrays, q, starts, backend):
-    fn = pp.select_impl(backend, interpret=INTERPRET, block_q=4, block_k=16)
+    if backend == "reference":
+        fn = pp.paged_prefill_attention_reference
+    elif backend == "xla":
+        fn = functools.partial(pp.paged_prefill_attention_xla, block_q=4, pages_per_chunk=2)  # several tiles, chunks
+    else:
+        fn = pp.select_impl(backend, interpret=INTERPRET, block_q=4, block_k=16)
     return np.asarray(fn(jnp.asarray(q), *case_arrays, jnp.asarray(starts), scale=SCALE))
 
 
@@ -55,7 +60,7 @@ def test_decode_ignores_stale_slots(backend, stale_tables):
     np.testing.assert_array_equal(out_nan, out_zero)
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla"])
+@pytest.mark.parametrize("backend", ["pallas", "xla", "reference"])
 @pytest.mark.parametrize("stale_tables", [False, True])
 def test_prefill_ignores_stale_slots(backend, stale_tables):
     nan_case, zero_case = _cases(stale_tables)
@@ -88,7 +93,7 @@ def test_freed_block_contents_do_not_leak(backend):
 
 def test_select_impl():
     assert pa.select_impl("xla") is pa.paged_attention_xla
-    assert pp.select_impl("auto") is pp.paged_prefill_attention_reference  # CPU: the XLA path
+    assert pp.select_impl("auto") is pp.paged_prefill_attention_xla  # CPU: the XLA path
     assert pa.select_impl("pallas", interpret=True).keywords == {"interpret": True}
     with pytest.raises(ValueError, match="backend"):
         pa.select_impl("cuda")
