@@ -66,6 +66,7 @@ class LLMEngine:
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
         self.num_seq_steps = 0  # sum over steps of sequences in the batch
+        self._num_multi_seq_groups = 0  # unfinished requests with n > 1 or beam search
 
     # ------------------------------------------------------------------ requests
 
@@ -104,6 +105,7 @@ class LLMEngine:
                               self.executor.now() if arrival_time is None else arrival_time,
                               next(self._arrivals), cache_salt=cache_salt)
         self._groups[request_id] = group
+        self._num_multi_seq_groups += not group.is_single
         self.scheduler.add(group)
 
     def executor_has_model(self) -> bool:
@@ -154,7 +156,7 @@ class LLMEngine:
     def _process(self, seqs: list[Sequence], logits, now: float) -> None:
         """Samples the step's rows, forks parallel samples after a prompt, advances beams."""
         groups = [s.group for s in seqs]
-        if all(g.is_single for g in groups):  # the common case: one sequence per request
+        if self._num_multi_seq_groups == 0:  # the common case: one sequence per request
             if logits is None:
                 self._append_all(seqs, groups, [SIMULATED_TOKEN] * len(seqs), None, now)
             else:
@@ -305,6 +307,7 @@ class LLMEngine:
             [s.status.label for s in ranked], group.arrival_time, group.first_scheduled_time,
             group.first_token_time, group.finish_time, error))
         del self._groups[group.request_id]
+        self._num_multi_seq_groups -= not group.is_single
 
     def _drain_outputs(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []

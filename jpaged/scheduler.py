@@ -56,7 +56,7 @@ class Scheduler:
         # The running sequences and their block-table rows, rebuilt only when the running set
         # changes (admission, preemption, swap-in, fork, finish), not every decode step.
         self._batch: tuple[list[Sequence], np.ndarray] | None = None
-        self._some_finished = False
+        self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         self._arange = np.arange(config.max_num_seqs + 1, dtype=np.int32)  # reused by decode plans
 
     # ------------------------------------------------------------------ queue management
@@ -86,7 +86,7 @@ class Scheduler:
         """
         self._release(seq, group)
         self._batch = None
-        self._some_finished = True
+        self._touched.append(group)
 
     def _release(self, seq: Sequence, group: SequenceGroup) -> None:
         bm = self.block_manager
@@ -104,9 +104,11 @@ class Scheduler:
 
     def remove_finished(self) -> None:
         """Drops finished groups from the running list (after sequences finished)."""
-        if self._some_finished:
-            self.running = [g for g in self.running if not g.is_finished]
-            self._some_finished = False
+        if self._touched:
+            for group in {id(g): g for g in self._touched}.values():
+                if group.is_finished and group in self.running:
+                    self.running.remove(group)
+            self._touched.clear()
 
     # ------------------------------------------------------------------ scheduling
 

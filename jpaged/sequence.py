@@ -107,7 +107,7 @@ class Sequence:
         return child
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity semantics: queues find and remove this very request
 class SequenceGroup:
     """All sequences of one request, scheduled and preempted together."""
 

@@ -52,11 +52,12 @@ class StaticBatchGenerator:
 
         def attend(cache, i, q, k, v):
             k_cache, v_cache = cache  # [L, B, Lmax, Hkv, D]
-            k_layer = jax.lax.dynamic_update_slice_in_dim(k_cache[i], k.astype(k_cache.dtype), start, axis=1)
-            v_layer = jax.lax.dynamic_update_slice_in_dim(v_cache[i], v.astype(v_cache.dtype), start, axis=1)
-            out = _masked_attention(q, k_layer, v_layer, key_valid, scale)
-            k_cache = jax.lax.dynamic_update_index_in_dim(k_cache, k_layer, i, 0)
-            v_cache = jax.lax.dynamic_update_index_in_dim(v_cache, v_layer, i, 0)
+            # Write the new columns straight into the stacked cache (in place, like the paged
+            # pool), then read the layer back for attention.
+            where = (i, 0, start, 0, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, k[None].astype(k_cache.dtype), where)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, v[None].astype(v_cache.dtype), where)
+            out = _masked_attention(q, k_cache[i], v_cache[i], key_valid, scale)
             return out, (k_cache, v_cache)
 
         h = decoder.embed(spec, params, tokens, positions)
