@@ -4,14 +4,13 @@ A path from a root is a prefix of whole blocks; each node holds the physical blo
 block of tokens. There is one root per cache salt, so requests with different salts never share
 (tenants cannot probe each other's prompts through timing). The block manager owns reference
 counts: a node whose block has references is locked; a node without references keeps its block
-cached (off the free list) until space is needed, then the least recently used unreferenced
-leaves are evicted first. Pure Python: no numpy or jax.
+cached (off the free list) until space is needed, then unreferenced leaves are evicted, least
+recently released first. Pure Python: no numpy or jax.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import collections
 from typing import Callable, Hashable
 
 
@@ -25,14 +24,13 @@ def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...
 
 
 class _Node:
-    __slots__ = ("key", "block", "parent", "children", "last_access")
+    __slots__ = ("key", "block", "parent", "children")
 
     def __init__(self, key: tuple[int, ...] | None, block: int, parent: _Node | None):
         self.key = key  # the block's token ids (None at a root)
         self.block = block  # physical block id (-1 at a root)
         self.parent = parent
         self.children: dict[tuple[int, ...], _Node] = {}
-        self.last_access = 0
 
 
 class PrefixCache:
@@ -48,9 +46,10 @@ class PrefixCache:
         self._roots: dict[Hashable, _Node] = {}
         self._node_of_block: dict[int, _Node] = {}
         self._evictable: set[int] = set()  # cached blocks without references (leaves or not)
-        self._heap: list[tuple[int, int, int]] = []  # (last_access, tiebreak, block): LRU candidates
-        self._clock = itertools.count(1)
-        self._tiebreak = itertools.count()
+        # Unreferenced leaves, least recently released first: O(1) LRU without timestamps (a
+        # block's last use is when its last reference went away). Entries can go stale (a block
+        # re-referenced or given children); evict() skips those.
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.num_evictions = 0
 
     # ------------------------------------------------------------------ queries
@@ -85,11 +84,10 @@ class PrefixCache:
     # ------------------------------------------------------------------ updates
 
     def touch(self, blocks: list[int]) -> None:
-        """Marks the blocks of a matched prefix as just used, and referenced (not evictable)."""
-        now = next(self._clock)
+        """Marks the blocks of a matched prefix as referenced again (not evictable)."""
         for block in blocks:
-            self._node_of_block[block].last_access = now
             self._evictable.discard(block)
+            self._lru.pop(block, None)
 
     def insert(self, keys: list[tuple[int, ...]], blocks: list[int], salt: Hashable) -> None:
         """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
@@ -98,7 +96,6 @@ class PrefixCache:
         the tree keeps its first copy, and the sequence's own blocks are freed normally.
         """
         node = self._roots.setdefault(salt, _Node(None, -1, None))
-        now = next(self._clock)
         for key, block in zip(keys, blocks):
             child = node.children.get(key)
             if child is None:
@@ -112,7 +109,6 @@ class PrefixCache:
                 # sequence references keeps its ancestors referenced too, so unreferenced
                 # nodes can always be evicted leaf by leaf (num_evictable is exact).
                 return
-            child.last_access = now
             node = child
 
     def release(self, block: int) -> None:
@@ -120,22 +116,23 @@ class PrefixCache:
         node = self._node_of_block[block]
         self._evictable.add(block)
         if not node.children:
-            heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), block))
+            self._lru[block] = None
 
     def evict(self) -> int | None:
-        """Removes the least recently used unreferenced leaf; returns its block (None if none)."""
-        while self._heap:
-            last_access, _, block = heapq.heappop(self._heap)
+        """Removes the least recently released unreferenced leaf; returns its block (None if none)."""
+        while self._lru:
+            block, _ = self._lru.popitem(last=False)
             node = self._node_of_block.get(block)
-            if (node is None or node.children or block not in self._evictable
-                    or node.last_access != last_access or self._is_referenced(block)):
-                continue  # stale entry: re-referenced, touched again, gained children, or gone
+            if node is None or node.children or block not in self._evictable or self._is_referenced(block):
+                continue  # stale entry: re-referenced, gained children, or gone
             del node.parent.children[node.key]
             del self._node_of_block[block]
             self._evictable.discard(block)
             self.num_evictions += 1
             parent = node.parent
             if parent.block >= 0 and not parent.children and parent.block in self._evictable:
-                heapq.heappush(self._heap, (parent.last_access, next(self._tiebreak), parent.block))
+                # Now a leaf: queued behind the blocks released since, so a shared prefix
+                # outlives the tails that hung below it.
+                self._lru[parent.block] = None
             return block
         return None
