@@ -146,8 +146,10 @@ class Scheduler:
                 rejected.append((group, f"needs {sum(bm.blocks_for(len(s)) for s in seqs)} KV blocks, more than the "
                                         f"pool can ever give ({bm.num_usable_blocks} blocks, watermark included)"))
                 continue
+            # The token budget binds only after the first group: a group recomputing its outputs
+            # (or several samples of one) may need more than the budget, and must still progress.
             if (status is AllocStatus.LATER
-                    or num_tokens + group_tokens > cfg.max_num_batched_tokens
+                    or (admitted and num_tokens + group_tokens > cfg.max_num_batched_tokens)
                     or num_running_seqs + len(seqs) > cfg.max_num_seqs):
                 break
             self.waiting.popleft()
