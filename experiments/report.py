@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 
 from experiments.common import REPO_ROOT
-from experiments.report_sections import (chatbot, header, kernel_and_block_size, memory_waste, parallel_sampling,
-                                         preemption, real_executor, shared_prefix, throughput)
+from experiments.report_sections import (chatbot, header, host_and_real_engine, kernel_and_block_size, memory_waste,
+                                         parallel_sampling, preemption, real_executor, shared_prefix, throughput)
 
 SECTIONS = (header, memory_waste, throughput, real_executor, parallel_sampling, shared_prefix, chatbot,
-            kernel_and_block_size, preemption)
+            kernel_and_block_size, preemption, host_and_real_engine)
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
