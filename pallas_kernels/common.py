@@ -164,18 +164,21 @@ def xla_softmax_init(shape: tuple[int, ...], head_dim: int):
             jnp.zeros(shape, jnp.float32))
 
 
-def xla_softmax_step(state, q, k, v, valid, *, scale: float):
+def xla_softmax_step(state, q, k, v, allowed, key_valid=None, *, scale: float):
     """Fold one chunk of keys into the running softmax state of an XLA (plain jnp) path.
 
-    q f32[X, Y, G, D]; k, v [X, Y, C, D]; valid bool broadcastable to [X, Y, 1, C]. Chunks are
-    small enough to stay in cache, so streaming them costs little more than reading contiguous K/V
+    q f32[X, Y, G, D]; k, v [X, Y, C, D]; allowed bool broadcastable to [X, Y, G, C] (which query
+    row may see which key); key_valid bool broadcastable to [X, Y, C] (keys holding live tokens;
+    default: `allowed` itself, when it does not vary over rows, as in decode). Chunks are small
+    enough to stay in cache, so streaming them costs little more than reading contiguous K/V
     (materialising a whole gathered copy roughly doubles the memory traffic).
     """
     acc, m, l = state
     k, v = k.astype(jnp.float32), v.astype(jnp.float32)
-    v = jnp.where(jnp.swapaxes(valid, -1, -2), v, 0)  # stale slots may hold NaN: 0 * NaN = NaN
+    live = jnp.swapaxes(allowed, -1, -2) if key_valid is None else key_valid[..., None]
+    v = jnp.where(live, v, 0)  # stale slots may hold NaN: 0 * NaN = NaN
     s = jnp.einsum("xygd,xycd->xygc", q, k, precision=jax.lax.Precision.HIGHEST) * scale
-    s = jnp.where(valid, s, -jnp.inf)
+    s = jnp.where(allowed, s, -jnp.inf)
     m_next = jnp.maximum(m, s.max(axis=-1))
     m_safe = jnp.where(jnp.isfinite(m_next), m_next, 0.0)  # no live key yet: keep exp() finite
     correction = jnp.exp(m - m_safe)

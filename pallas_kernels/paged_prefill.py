@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels.common import (
     MIN_DOT_DIM, Backend, check_knob, check_tile, gather_pages, init_softmax_state, layer_stack, next_power_of_2,
     online_softmax_step, resolve_backend, triton_compiler_params, xla_softmax_finish, xla_softmax_init,
+    xla_softmax_step,
 )
 
 
@@ -180,17 +181,8 @@ def paged_prefill_attention_xla(
         keys = c * chunk + jnp.arange(chunk)  # [C]
         key_valid = keys[None, :] < lengths[:, None]  # [NT, C]
         allowed = key_valid[:, None, :] & (keys[None, None, :] <= row_pos[:, :, None])  # [NT, R, C]
-        acc, m, l = state
-        k = k.transpose(1, 0, 2, 3).astype(jnp.float32)  # [NT, Hkv, C, D]
-        v = jnp.where(key_valid[:, None, :, None], v.transpose(1, 0, 2, 3).astype(jnp.float32), 0)
-        s = jnp.einsum("xhrd,xhcd->xhrc", qt, k, precision=jax.lax.Precision.HIGHEST) * scale
-        s = jnp.where(allowed[:, None], s, -jnp.inf)
-        m_next = jnp.maximum(m, s.max(axis=-1))
-        m_safe = jnp.where(jnp.isfinite(m_next), m_next, 0.0)  # no live key yet: keep exp() finite
-        correction = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[..., None])
-        pv = jnp.einsum("xhrc,xhcd->xhrd", p, v, precision=jax.lax.Precision.HIGHEST)
-        return acc * correction[..., None] + pv, m_next, l * correction + p.sum(axis=-1)
+        k, v = k.transpose(1, 0, 2, 3), v.transpose(1, 0, 2, 3)  # [NT, Hkv, C, D]
+        return xla_softmax_step(state, qt, k, v, allowed[:, None], key_valid[:, None], scale=scale)
 
     num_chunks = pl.cdiv(jnp.max(lengths), chunk)
     state = xla_softmax_init((num_tiles, num_kv_heads, block_q * group), head_dim)
