@@ -19,12 +19,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def git_sha() -> str:
-    """The repository's HEAD commit, with '+dirty' when the work tree has changes; 'unknown' outside git."""
+    """The repository's HEAD commit, '+dirty' when tracked code differs from it; 'unknown' outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # results/ is what experiments write: a sweep rewriting it does not make the code dirty.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)results"], cwd=REPO_ROOT, capture_output=True, text=True,
+                               check=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
