@@ -14,6 +14,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
 
 # Finite stand-in for -inf in masked scores: exp(MASK_VALUE - m) underflows to exactly 0 without
 # creating inf - inf = NaN when a whole row is masked.
@@ -142,6 +143,23 @@ def online_softmax_step(state, q, k, v, allowed, key_valid, *, scale: float):
     pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
                              preferred_element_type=jnp.float32)  # [R, D]
     return acc * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+
+
+def split_partials(batch: int, num_kv_heads: int, splits: int, group_pad: int, head_dim: int):
+    """(out_specs, out_shape) of a split-K decode kernel's partials, for the (b, h, s) grid.
+
+    Each program writes its unnormalised output f32[Gp, D], running max f32[Gp] and denominator
+    f32[Gp] at [b, h, s]; `combine_splits` merges them.
+    """
+    full = (batch, num_kv_heads, splits, group_pad)
+    out_specs = [
+        pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+        pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+        pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+    ]
+    out_shape = [jax.ShapeDtypeStruct(full + (head_dim,), jnp.float32), jax.ShapeDtypeStruct(full, jnp.float32),
+                 jax.ShapeDtypeStruct(full, jnp.float32)]
+    return out_specs, out_shape
 
 
 def combine_splits(

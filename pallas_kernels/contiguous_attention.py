@@ -16,7 +16,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
     MIN_DOT_DIM, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2,
-    online_softmax_step, triton_compiler_params, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    online_softmax_step, split_partials, triton_compiler_params, xla_softmax_finish, xla_softmax_init,
+    xla_softmax_step,
 )
 
 
@@ -158,6 +159,7 @@ def contiguous_attention(
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
 
     cache_spec = pl.BlockSpec((None, None, max_len, head_dim), lambda b, h, s: (b, h, 0, 0))
+    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, group_pad, head_dim)
     o, m, l = pl.pallas_call(
         functools.partial(_contiguous_kernel, scale=scale, block_k=block_k, chunks_per_split=chunks_per_split),
         grid=(batch, num_kv_heads, splits),
@@ -167,16 +169,8 @@ def contiguous_attention(
             cache_spec,
             cache_spec,
         ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
-            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad, head_dim), jnp.float32),
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="contiguous_decode_attention",

@@ -30,8 +30,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
     MIN_DOT_DIM, Backend, check_knob, check_tile, combine_splits, gather_pages, init_softmax_state, layer_stack,
-    next_power_of_2, online_softmax_step, resolve_backend, triton_compiler_params, xla_softmax_finish,
-    xla_softmax_init, xla_softmax_step,
+    next_power_of_2, online_softmax_step, resolve_backend, split_partials, triton_compiler_params,
+    xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
 
 
@@ -226,6 +226,7 @@ def paged_attention(
     # A program sees its KV head's pages of every layer and picks the layer itself: a BlockSpec
     # index map cannot read the (traced) layer under the Triton lowering.
     pool_spec = pl.BlockSpec((num_layers, None, num_blocks, block_size, head_dim), lambda b, h, s: (0, h, 0, 0, 0))
+    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, group_pad, head_dim)
     o, m, l = pl.pallas_call(
         functools.partial(_decode_kernel, scale=scale, pages_per_chunk=pages_per_chunk),
         grid=(batch, num_kv_heads, splits),
@@ -237,16 +238,8 @@ def paged_attention(
             pool_spec,
             pool_spec,
         ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
-            pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad, head_dim), jnp.float32),
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
-            jax.ShapeDtypeStruct((batch, num_kv_heads, splits, group_pad), jnp.float32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_decode_attention",
