@@ -55,8 +55,6 @@ class BenchHostConfig:
 class NullExecutor:
     """An executor that runs nothing: zero duration, no logits (the engine appends a constant token)."""
 
-    has_model = False
-
     def execute(self, plan: StepPlan) -> StepResult:
         """Returns at once."""
         return StepResult(None, 0.0)

@@ -108,10 +108,6 @@ class LLMEngine:
         self._num_multi_seq_groups += not group.is_single
         self.scheduler.add(group)
 
-    def executor_has_model(self) -> bool:
-        """False for the simulator, whose steps produce no logits."""
-        return getattr(self.executor, "has_model", True)
-
     def abort(self, request_id: str) -> None:
         """Stops a request; its output (finish reason "abort") comes with the next step()."""
         group = self._groups.get(request_id)

@@ -54,7 +54,7 @@ class _MeasuringExecutor:
         self.kv = kv
         self.observer = observer
 
-    def __getattr__(self, name):  # has_model, vocab_size, num_compilations, advance_to, ...
+    def __getattr__(self, name):  # vocab_size, num_compilations, advance_to, ...
         return getattr(self.inner, name)
 
     def now(self) -> float:

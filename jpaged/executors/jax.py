@@ -45,8 +45,6 @@ def _padded(ids: np.ndarray, size: int) -> np.ndarray:
 class JaxExecutor:
     """Runs StepPlans on the real model with a paged KV pool on the default JAX device(s)."""
 
-    has_model = True
-
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
         """`params` overrides config.model (dummy seeded weights or a local checkpoint)."""
         model, cache = config.model, config.cache

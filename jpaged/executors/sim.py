@@ -17,9 +17,10 @@ from jpaged.step_plan import StepPlan
 
 
 class SimExecutor:
-    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time."""
+    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time.
 
-    has_model = False  # steps return no logits: the engine appends placeholder tokens
+    Steps return no logits: the engine appends placeholder tokens (lengths come from max_tokens).
+    """
 
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
