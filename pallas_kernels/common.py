@@ -77,6 +77,30 @@ def resolve_backend(backend: Backend) -> Literal["pallas", "xla"]:
     return backend
 
 
+def check_query_and_pools(q, k_pages, v_pages, layer, rows: str):
+    """Checks q [rows, Hq, D] against the pools and returns them as a layer stack plus the layer.
+
+    Shared by the decode and prefill wrappers; `rows` names q's first axis in error messages.
+    """
+    if q.ndim != 3:
+        raise ValueError(f"q: expected [{rows}, num_q_heads, head_dim], got shape {q.shape}")
+    k_pages, v_pages, layer = layer_stack(k_pages, v_pages, layer)
+    _, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pages.shape[1]
+    if k_pages.shape[4] != head_dim:
+        raise ValueError(f"k_pages: head_dim {k_pages.shape[4]} must equal q head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    return k_pages, v_pages, layer
+
+
+def check_int32(**arrays: jax.Array) -> None:
+    """Raise ValueError naming the first index array that is not int32."""
+    for name, arr in arrays.items():
+        if arr.dtype != jnp.int32:
+            raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+
+
 def layer_stack(k_pages: jax.Array, v_pages: jax.Array, layer) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The K/V pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer to use as i32[].
 

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_knob, check_tile, combine_splits, gather_pages, init_softmax_state, layer_stack,
-    next_power_of_2, online_softmax_step, resolve_backend, split_partials, triton_compiler_params,
-    xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM, Backend, check_int32, check_knob, check_query_and_pools, check_tile, combine_splits,
+    gather_pages, init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend, split_partials,
+    triton_compiler_params, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
 
 
@@ -40,22 +40,13 @@ def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer):
 
     Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
     """
-    if q.ndim != 3:
-        raise ValueError(f"q: expected [batch, num_q_heads, head_dim], got shape {q.shape}")
-    k_pages, v_pages, layer = layer_stack(k_pages, v_pages, layer)
-    batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pages.shape[1]
-    if k_pages.shape[4] != head_dim:
-        raise ValueError(f"k_pages: head_dim {k_pages.shape[4]} must equal q head_dim {head_dim}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "batch")
+    batch = q.shape[0]
     if block_tables.ndim != 2 or block_tables.shape[0] != batch:
         raise ValueError(f"block_tables: expected [batch={batch}, max_blocks], got {block_tables.shape}")
     if context_lens.shape != (batch,):
         raise ValueError(f"context_lens: expected [batch={batch}], got {context_lens.shape}")
-    for name, arr in (("block_tables", block_tables), ("context_lens", context_lens)):
-        if arr.dtype != jnp.int32:
-            raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+    check_int32(block_tables=block_tables, context_lens=context_lens)
     return k_pages, v_pages, layer
 
 

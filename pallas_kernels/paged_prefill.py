@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_knob, check_tile, gather_pages, init_softmax_state, layer_stack, next_power_of_2,
-    online_softmax_step, resolve_backend, triton_compiler_params, xla_softmax_finish, xla_softmax_init,
-    xla_softmax_step,
+    MIN_DOT_DIM, Backend, check_int32, check_knob, check_query_and_pools, check_tile, gather_pages,
+    init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend, triton_compiler_params,
+    xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
 
 
@@ -39,15 +39,7 @@ def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_l
 
     Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
     """
-    if q.ndim != 3:
-        raise ValueError(f"q: expected [num_tokens, num_q_heads, head_dim], got shape {q.shape}")
-    k_pages, v_pages, layer = layer_stack(k_pages, v_pages, layer)
-    _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pages.shape[1]
-    if k_pages.shape[4] != head_dim:
-        raise ValueError(f"k_pages: head_dim {k_pages.shape[4]} must equal q head_dim {head_dim}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "num_tokens")
     if block_tables.ndim != 2:
         raise ValueError(f"block_tables: expected [num_seqs, max_blocks], got {block_tables.shape}")
     num_seqs = block_tables.shape[0]
@@ -55,10 +47,7 @@ def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_l
         raise ValueError(f"context_lens: expected [num_seqs={num_seqs}], got {context_lens.shape}")
     if query_start_loc.shape != (num_seqs + 1,):
         raise ValueError(f"query_start_loc: expected [num_seqs + 1={num_seqs + 1}], got {query_start_loc.shape}")
-    for name, arr in (("block_tables", block_tables), ("context_lens", context_lens),
-                      ("query_start_loc", query_start_loc)):
-        if arr.dtype != jnp.int32:
-            raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+    check_int32(block_tables=block_tables, context_lens=context_lens, query_start_loc=query_start_loc)
     return k_pages, v_pages, layer
 
 
