@@ -8,7 +8,7 @@ from jpaged.baselines.static_batching import StaticBatchGenerator
 from jpaged.models import decoder
 from jpaged.models.presets import get_preset
 
-from tests.engine.conftest import dense_greedy
+from tests.helpers.tiny_engines import dense_greedy
 
 
 def test_static_batching_matches_dense_greedy():

@@ -4,7 +4,7 @@ import pytest
 
 from jpaged.sequence import SamplingParams
 
-from tests.engine.conftest import dense_greedy, make_engine
+from tests.helpers.tiny_engines import dense_greedy, make_engine
 
 MAX_TOKENS = 12
 

@@ -5,7 +5,7 @@ import pytest
 
 from jpaged.sequence import SamplingParams
 
-from tests.engine.conftest import make_engine
+from tests.helpers.tiny_engines import make_engine
 
 SYSTEM = list(range(200, 240))  # a 40-token shared system prompt: 5 full blocks of 8
 

@@ -5,7 +5,7 @@ import pytest
 
 from jpaged.sequence import SamplingParams
 
-from tests.engine.conftest import dense_beam_search, make_engine
+from tests.helpers.tiny_engines import dense_beam_search, make_engine
 
 
 def test_parallel_sampling_shares_prompt_blocks_and_is_seeded():

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import INTERPRET, make_case, rel_err
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
+
+from tests.pallas_kernels.kernel_cases import INTERPRET, make_case, rel_err
 
 NUM_KV_HEADS = 3
 # (block_size, GQA ratio, head_dim): the default run covers every value; `slow` the full product.

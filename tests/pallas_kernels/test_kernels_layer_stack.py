@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import INTERPRET, make_case, rel_err
 from pallas_kernels import cache_ops
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
+
+from tests.pallas_kernels.kernel_cases import INTERPRET, make_case, rel_err
 
 NUM_LAYERS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, GROUP = 3, 2, 8, 64, 2
 SCALE = HEAD_DIM ** -0.5

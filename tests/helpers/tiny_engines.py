@@ -1,11 +1,11 @@
-"""Shared fixtures: tiny engines and a dense-cache greedy / beam reference of the same model."""
+"""Test helpers shared across folders: a tiny paged engine, and a dense-cache greedy / beam reference
+of the same model (a full forward per token, no KV cache) to compare it against."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.engine import LLMEngine
@@ -18,6 +18,7 @@ PAD_LEN = 128
 
 def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=64, preemption_mode="recompute",
                 max_num_seqs=16, max_model_len=128, params=None, watermark=0.0, prefix_caching=False):
+    """A small engine on the real model (XLA attention), its pool and limits set by the arguments."""
     config = EngineConfig(
         model=ModelConfig(name=model, attention_backend="xla"),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
@@ -29,6 +30,7 @@ def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=6
 
 @functools.lru_cache(maxsize=4)
 def dense_logprobs_fn(model):
+    """The jitted dense forward of `model`'s seed-0 weights, cached per model name."""
     spec = get_preset(model)
     params = decoder.init_params(spec, seed=0)
 
@@ -71,8 +73,3 @@ def dense_beam_search(model, prompt, width, max_tokens):
         beams = [(c[0], c[2]) for c in cands[:width]]
     return [(seq[len(prompt):], score) for score, seq in beams]
 
-
-@pytest.fixture
-def prompts():
-    rng = np.random.default_rng(0)
-    return [rng.integers(1, 256, size=n).tolist() for n in (3, 8, 9, 17, 30, 5, 41, 12)]
