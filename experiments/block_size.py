@@ -8,7 +8,7 @@ smaller reads. The kernel's cost at a block size comes from the kernel benchmark
 rows of that block size, GPU rows preferred where there are any; block sizes the benchmark did
 not time use `sim.cost.paged_attention_overhead`. Each point records which source it used.
 
-    python -m experiments.block_size --config configs/block_size.yaml
+    python -m experiments.block_size --config configs/block_size.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -106,14 +106,15 @@ def _settings(config: BlockSizeConfig) -> dict:
     return settings
 
 
-def run(config: BlockSizeConfig) -> dict:
-    """Runs the missing points; writes the JSON and the figure; returns the JSON."""
+def run(config: BlockSizeConfig, resume: bool = False) -> dict:
+    """Runs the sweep (under `resume`, only the points the output JSON lacks); writes the JSON and the
+    figure; returns the JSON."""
     overheads, device = kernel_overheads(config.kernel_bench)
     keys = [(d, b) for d in config.rates for b in config.block_sizes]
     prov = provenance(config, seed=config.seed, device=f"simulated {config.sim.tp}x {config.sim.gpu}")
     settings = _settings(config) | {"kernel_overheads": {str(b): v for b, v in overheads.items()}}
     points = run_sweep(REPO_ROOT / config.output, settings, keys, lambda p: (p["dataset"], p["block_size"]),
-                       lambda k: run_point(config, *k, overheads, device), prov, "block size sweep")
+                       lambda k: run_point(config, *k, overheads, device), prov, "block size sweep", resume=resume)
     best = {d: min((p for p in points if p["dataset"] == d), key=lambda p: p["normalized_latency"])["block_size"]
             for d in config.rates}
     result = {"points": points, "best_block_size": best, "kernel_overheads": settings["kernel_overheads"],

@@ -8,7 +8,7 @@ so rounds are independent requests; they arrive as a Poisson process at the requ
 histories push most prompts to the 1024 cut, so every Orca policy's buddy region rounds up to
 the 2048-token maximum whatever it predicts for the output (the paper's explanation of Fig. 17).
 
-    python -m experiments.chatbot --config configs/chatbot.yaml
+    python -m experiments.chatbot --config configs/chatbot.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -89,13 +89,14 @@ def _settings(config: ChatbotConfig) -> dict:
     return settings
 
 
-def run(config: ChatbotConfig) -> dict:
-    """Runs the missing points; writes the JSON and the figure; returns the JSON."""
+def run(config: ChatbotConfig, resume: bool = False) -> dict:
+    """Runs the sweep (under `resume`, only the points the output JSON lacks); writes the JSON and the
+    figure; returns the JSON."""
     keys = [(s, float(r)) for s in config.systems for r in config.rates[s]]
     prov = provenance(config, seed=config.seed, device=f"simulated {config.sim.tp}x {config.sim.gpu}")
     out = REPO_ROOT / config.output
     points = run_sweep(out, _settings(config), keys, lambda p: (p["system"], p["request_rate"]),
-                       lambda k: run_point(config, *k), prov, "chatbot sweep")
+                       lambda k: run_point(config, *k), prov, "chatbot sweep", resume=resume)
     threshold = config.latency_threshold_factor * min(p["normalized_latency"] for p in points)
     sustained = sustained_rates(points, config.systems, threshold)
     lengths = make_trace(config, 1.0)

@@ -1,9 +1,14 @@
-"""Helpers shared by experiment entry points: CLI parsing, provenance, atomic JSON results."""
+"""Helpers shared by experiment entry points: CLI parsing, provenance, atomic JSON results.
+
+An experiment resumes when its `run` takes a `resume` keyword (`resumes(run)`): its CLI then has
+`--resume`, and `reproduce_all --resume` passes it on. Without it, a run computes every point.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -48,6 +53,23 @@ def provenance(config: Any, seed: int | None = None, device: str | None = None) 
     return info
 
 
+def point_provenance(run_provenance: dict) -> dict:
+    """What each point of a sweep records about the run that computed it: the run's provenance
+    without the config (the settings that shape a point are stored once, beside the points)."""
+    return {k: v for k, v in run_provenance.items() if k != "config"}
+
+
+def resumes(run: Callable[..., dict]) -> bool:
+    """Whether an experiment's `run` can keep finished points of an earlier run (`resume=`)."""
+    return "resume" in inspect.signature(run).parameters
+
+
+def call_run(run: Callable[..., dict], config: Any, resume: bool = False) -> dict:
+    """`run(config)`, with `resume` passed to an experiment that resumes (the others always
+    compute everything, so `resume` changes nothing for them)."""
+    return run(config, resume=resume) if resumes(run) else run(config)
+
+
 def write_json(path: str | Path, data: dict) -> Path:
     """Writes `data` as JSON atomically: a temp file in the same folder, then a rename."""
     path = Path(path)
@@ -60,9 +82,14 @@ def write_json(path: str | Path, data: dict) -> Path:
     return path
 
 
-def main(description: str, config_cls: type[T], run: Callable[[T], dict], default_config: str) -> dict:
-    """Parses `--config`, loads it strictly into `config_cls`, and calls `run(config)`."""
+def main(description: str, config_cls: type[T], run: Callable[..., dict], default_config: str) -> dict:
+    """Parses `--config` (and `--resume` where `run` resumes), loads the config strictly into
+    `config_cls`, and calls `run(config)` (`run(config, resume=...)`)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", default=default_config, help=f"YAML config (default {default_config})")
+    if resumes(run):
+        parser.add_argument("--resume", action="store_true",
+                            help="keep the points of the output JSON made with the same settings (each "
+                                 "keeps the provenance of the run that computed it); compute only the rest")
     args = parser.parse_args()
-    return run(load_config(args.config, config_cls))
+    return call_run(run, load_config(args.config, config_cls), resume=getattr(args, "resume", False))

@@ -6,7 +6,11 @@ sequence in one region. On CPU it times the XLA paths (chunk-streamed jnp); on a
 Pallas Triton kernels, plus a measured device-to-device copy as the bandwidth ceiling and JAX's own
 `jax.experimental.pallas.ops.gpu.paged_attention` at the same shapes as a peer.
 
-    python -m experiments.kernel_bench --config configs/kernel_bench.yaml
+A plain run times every point; `--resume` keeps the rows of the output JSON made with the same
+config on the same device (each row carries the provenance of the run that timed it) and times
+the rest.
+
+    python -m experiments.kernel_bench --config configs/kernel_bench.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.common import REPO_ROOT, main, point_provenance, provenance, write_json
 from pallas_kernels.contiguous_attention import contiguous_attention, contiguous_attention_xla
 from pallas_kernels.paged_attention import paged_attention, paged_attention_xla
 
@@ -74,7 +78,6 @@ class KernelBenchConfig:
     copy_bytes: int = 1 << 30  # size of the device-to-device copy that measures peak bandwidth (GPU)
     peer: bool = True  # also time JAX's own Pallas paged_attention (GPU)
     seed: int = 0
-    resume: bool = False  # keep rows of an earlier run of the same config and device; run the rest
     output: str = "results/kernel_bench.json"  # JSON result, relative to the repo root
     plot: str = "results/kernel_bench.png"  # Fig. 18a-style plot; "" skips it
 
@@ -221,34 +224,50 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run(config: KernelBenchConfig) -> dict:
-    """Run the sweep, write the JSON after every point (atomically) and the plot; return the result."""
+def reusable_rows(path: Path, run_provenance: dict, keys: set[tuple[int, int, int]]) -> list[dict]:
+    """Rows of `path` a resumed run may keep: timed with the same config on the same device, wanted
+    (batch, context_len, block_size in `keys`), and carrying the provenance of the run that timed them."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if (old.get("device") != run_provenance["device"]
+            or old.get("provenance", {}).get("config") != run_provenance["config"]):
+        logger.warning("%s was made with another config or device: timing every point afresh", path)
+        return []
+    return [r for r in old.get("rows", []) if "provenance" in r and _key(r) in keys]
+
+
+def _key(row: dict) -> tuple[int, int, int]:
+    return row["batch"], row["context_len"], row["block_size"]
+
+
+def run(config: KernelBenchConfig, resume: bool = False) -> dict:
+    """Run the sweep (under `resume`, only the points the output JSON lacks), write the JSON after
+    every point (atomically) and the plot; return the result."""
     on_gpu = jax.default_backend() == "gpu"
     device = jax.devices()[0].device_kind
     backend = "pallas-triton" if on_gpu else "xla"
     out_path = REPO_ROOT / config.output
-    rows: list[dict] = []
-    if config.resume and out_path.exists():
-        old = json.loads(out_path.read_text())
-        if old.get("device") == device and old["provenance"]["config"] == provenance(config)["config"]:
-            rows = old["rows"]
-    done = {(r["batch"], r["context_len"], r["block_size"]) for r in rows}
+    prov = provenance(config, seed=config.seed, device=device)
+    points = [(b, c, bs) for b in config.batch_sizes for c in config.context_lens for bs in config.block_sizes]
+    rows = reusable_rows(out_path, prov, set(points)) if resume else []
+    if resume:
+        print(f"kernel_bench: reused {len(rows)} of {len(points)} rows from {out_path} (--resume)")
+    done = {_key(r) for r in rows}
     prof = config.gpu if on_gpu else config.cpu
     copy_gbps = measure_copy_gbps(config.copy_bytes, prof.repeats, prof.trials) if on_gpu else None
     result = {"backend": backend, "device": device, "copy_gbps": copy_gbps, "rows": rows}
-    points = [(b, c, bs) for b in config.batch_sizes for c in config.context_lens for bs in config.block_sizes]
-    bar = tqdm(points, desc="kernel_bench", mininterval=1.0)
+    bar = tqdm([p for p in points if p not in done], desc="kernel_bench", mininterval=1.0)
     for batch, context_len, block_size in bar:
-        if (batch, context_len, block_size) in done:
-            continue
         row = _point(config, on_gpu, batch, context_len, block_size)
-        rows.append({"backend": backend, "device": device, **row})
+        rows.append({"backend": backend, "device": device, **row, "provenance": point_provenance(prov)})
         bar.set_postfix(paged_us=f"{row['paged_us']:.0f}", ratio=f"{row['paged_over_contiguous']:.2f}")
         result["summary"] = _summary(rows, on_gpu, copy_gbps)
-        result["provenance"] = provenance(config, seed=config.seed, device=device)
+        result["provenance"] = prov
         write_json(out_path, result)
+    rows.sort(key=lambda r: points.index(_key(r)))  # reused rows and new ones in sweep order
     result["summary"] = _summary(rows, on_gpu, copy_gbps)
-    result["provenance"] = provenance(config, seed=config.seed, device=device)
+    result["provenance"] = prov
     write_json(out_path, result)
     if config.plot:
         plot(result, REPO_ROOT / config.plot)

@@ -9,7 +9,7 @@ real search. Every vLLM point also measures the memory saving of sharing from th
 manager's refcounts: at each step, blocks in use (distinct blocks its sequences reference) vs
 blocks without sharing (the sum of their table lengths), time-weighted over the run.
 
-    python -m experiments.parallel_sampling --config configs/parallel_sampling.yaml
+    python -m experiments.parallel_sampling --config configs/parallel_sampling.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -155,8 +155,9 @@ def plot_saving(path, saving: dict, widths: list[int]) -> None:
     plots.save(fig, path)
 
 
-def run(config: ParallelSamplingConfig) -> dict:
-    """Runs the missing points; writes the JSON and both figures; returns the JSON."""
+def run(config: ParallelSamplingConfig, resume: bool = False) -> dict:
+    """Runs the sweep (under `resume`, only the points the output JSON lacks); writes the JSON and
+    both figures; returns the JSON."""
     keys = [(d, m, w, s, float(r)) for d in config.sweep_datasets for m in config.modes for w in config.widths
             for s in config.systems for r in config.rates[f"{m}{w}"]]
     keys += [(d, m, w, "vllm", float(config.saving_rate[d])) for d in config.saving_datasets
@@ -165,7 +166,7 @@ def run(config: ParallelSamplingConfig) -> dict:
     prov = provenance(config, seed=config.seed, device=f"simulated {config.sim.tp}x {config.sim.gpu}")
     out = REPO_ROOT / config.output
     points = run_sweep(out, _settings(config), keys, _key, lambda k: run_point(config, *k), prov,
-                       "parallel sampling / beam search")
+                       "parallel sampling / beam search", resume=resume)
     saving = {d: {m: {str(w): next(p["memory_saving"] for p in points
                                    if _key(p) == (d, m, w, "vllm", float(config.saving_rate[d])))
                       for w in config.widths} for m in config.modes} for d in config.saving_datasets}

@@ -10,7 +10,7 @@ one copy per block per layer for K and for V, hence slow small blocks).
 (b) vLLM's normalized latency with swap and with recompute preemption vs block size at a fixed
 rate, simulated, with a KV pool small enough that requests get preempted.
 
-    python -m experiments.preemption --config configs/preemption.yaml
+    python -m experiments.preemption --config configs/preemption.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -167,8 +167,9 @@ def plot(path, real: list[dict], model: list[dict], points: list[dict], config: 
     plots.save(fig, path)
 
 
-def run(config: PreemptionConfig) -> dict:
-    """Measures (a), runs the missing (b) points; writes the JSON and the figure; returns the JSON."""
+def run(config: PreemptionConfig, resume: bool = False) -> dict:
+    """Measures (a), runs the (b) sweep (under `resume`, only the points the output JSON lacks);
+    writes the JSON and the figure; returns the JSON."""
     real = [measure_real(config, b) for b in tqdm(config.block_sizes, desc="swap / recompute (real)")]
     model = [modeled(config, b) for b in config.block_sizes]
     prov = provenance(config, seed=config.seed)
@@ -177,7 +178,7 @@ def run(config: PreemptionConfig) -> dict:
         settings.pop(key)
     keys = [(m, b) for b in config.block_sizes for m in ("recompute", "swap")]
     points = run_sweep(REPO_ROOT / config.output, settings, keys, lambda p: (p["mode"], p["block_size"]),
-                       lambda k: run_serving_point(config, *k), prov, "swap vs recompute (simulated)")
+                       lambda k: run_serving_point(config, *k), prov, "swap vs recompute (simulated)", resume=resume)
     result = {"real": real, "real_device": prov.get("device"), "modeled": model,
               "modeled_gpu": config.sim.gpu, "points": points, "settings": settings, "provenance": prov}
     write_json(REPO_ROOT / config.output, result)

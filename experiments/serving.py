@@ -1,10 +1,13 @@
-"""Machinery shared by the serving sweeps of Figs. 14-19: one measured point, a resumable sweep,
+"""Machinery shared by the serving sweeps of Figs. 12-19: one measured point, a resumable sweep,
 and the memory-saving meter of Fig. 15.
 
 A sweep is a list of points (dicts) keyed by a tuple of their fields (e.g. system, rate, width).
-After every point the partial results are written atomically, so an interrupted sweep resumes
-past its finished points, provided the settings that shape a point (the config without its
-sweep lists and output paths) are unchanged.
+Each point carries the provenance of the run that computed it (`point["provenance"]`: git sha,
+date, library versions, device); the file's top-level provenance is the latest run's. After
+every point the partial results are written atomically. A plain run computes every point; with
+`resume=True` (an experiment's `--resume`) it keeps the points of the output file made with the
+same settings (the config without its sweep lists and output paths), says how many it kept,
+and computes the rest, so an interrupted sweep picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Callable, Hashable, Iterable
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments.common import write_json
+from experiments.common import point_provenance, write_json
 from jpaged.block_manager import BlockManager
 from jpaged.engine import LLMEngine
 from jpaged.metrics import summarize_requests
@@ -38,17 +41,21 @@ def point_metrics(result: TraceResult) -> dict:
 
 
 def run_sweep(path: Path, settings: dict, keys: Iterable[Key], key_of: Callable[[dict], Key],
-              run_one: Callable[[Key], dict], provenance: dict, desc: str) -> list[dict]:
-    """Points for every key in `keys`: those in `path` made with the same `settings` are kept, the
-    rest run through `run_one(key)`; the partial JSON is rewritten after each point."""
+              run_one: Callable[[Key], dict], provenance: dict, desc: str, resume: bool = False) -> list[dict]:
+    """Points for every key in `keys`, in that order, each computed by `run_one(key)` and stamped
+    with this run's provenance; under `resume`, those already in `path` with the same `settings`
+    (and a provenance of their own) are kept instead. The partial JSON is rewritten after each point."""
     keys = list(keys)
-    points = [p for p in _previous_points(path, settings) if key_of(p) in set(keys)]
+    points = reusable_points(path, settings, set(keys), key_of) if resume else []
+    if resume:
+        print(f"{desc}: reused {len(points)} of {len(keys)} points from {path} (--resume)")
     done = {key_of(p) for p in points}
     todo = [k for k in keys if k not in done]
+    stamp = point_provenance(provenance)
     bar = tqdm(todo, desc=desc, disable=not todo)
     for key in bar:
         bar.set_postfix_str(" ".join(map(str, key)), refresh=True)
-        point = run_one(key)
+        point = run_one(key) | {"provenance": stamp}
         points.append(point)
         bar.set_postfix_str(f"{' '.join(map(str, key))} norm_lat={point['normalized_latency']:.3f} "
                             f"wall_s={point['wall_s']:.1f}")
@@ -56,14 +63,21 @@ def run_sweep(path: Path, settings: dict, keys: Iterable[Key], key_of: Callable[
     return sorted(points, key=lambda p: keys.index(key_of(p)))
 
 
-def _previous_points(path: Path, settings: dict) -> list[dict]:
+def reusable_points(path: Path, settings: dict, keys: set[Key], key_of: Callable[[dict], Key]) -> list[dict]:
+    """The points of `path` a resumed sweep may keep: made with `settings`, wanted (key in `keys`),
+    and carrying the provenance of the run that computed them (older files lack it: recomputed)."""
     if not path.exists():
         return []
     previous = json.loads(path.read_text())
     if previous.get("settings") != json.loads(json.dumps(settings)):
         logger.warning("%s was made with other settings: starting the sweep afresh", path)
         return []
-    return previous.get("points", [])
+    points = [p for p in previous.get("points", []) if key_of(p) in keys]
+    kept = [p for p in points if "provenance" in p]
+    if len(kept) < len(points):
+        logger.warning("%s: %d points carry no provenance of their own: computing them again", path,
+                       len(points) - len(kept))
+    return kept
 
 
 def sharing_counts(bm: BlockManager, seq_ids: Iterable[int]) -> tuple[int, int]:

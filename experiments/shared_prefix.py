@@ -8,7 +8,7 @@ rest; Orca (Oracle) reserves and computes every prompt whole. Task lengths are a
 (WMT16 news sentences: about two dozen tokens, translations ~1.2x longer), kept in the config.
 Runs with the simulator by default and with the real model under `executor: jax`.
 
-    python -m experiments.shared_prefix --config configs/shared_prefix.yaml
+    python -m experiments.shared_prefix --config configs/shared_prefix.yaml [--resume]
 """
 
 from __future__ import annotations
@@ -106,14 +106,15 @@ def _settings(config: SharedPrefixConfig) -> dict:
     return settings
 
 
-def run(config: SharedPrefixConfig) -> dict:
-    """Runs the missing points; writes the JSON and the figure; returns the JSON."""
+def run(config: SharedPrefixConfig, resume: bool = False) -> dict:
+    """Runs the sweep (under `resume`, only the points the output JSON lacks); writes the JSON and the
+    figure; returns the JSON."""
     keys = [(n, s, float(r)) for n in config.prefix_lens for s in config.systems for r in config.rates[f"{s}_{n}"]]
     device = None if config.executor == "jax" else f"simulated {config.sim.tp}x {config.sim.gpu}"
     prov = provenance(config, seed=config.seed, device=device)
     out = REPO_ROOT / config.output
     points = run_sweep(out, _settings(config), keys, lambda p: (p["prefix_len"], p["system"], p["request_rate"]),
-                       lambda k: run_point(config, *k), prov, "shared prefix sweep")
+                       lambda k: run_point(config, *k), prov, "shared prefix sweep", resume=resume)
     sustained, thresholds = {}, {}
     fig, axes = plt.subplots(1, len(config.prefix_lens), figsize=(4.2 * len(config.prefix_lens), 3.4), squeeze=False)
     for ax, n in zip(axes[0], config.prefix_lens):

@@ -5,28 +5,28 @@ runs through that system's engine; the point records the paper's normalized late
 benchmark metrics and the average batch size. The sustained rate of a system is where its
 normalized latency crosses `latency_threshold_factor` times the lowest normalized latency of the
 sweep (the unloaded per-token latency): linear interpolation between the last rate under it and
-the first over it. The sweep resumes: points already in the output JSON with the same settings
-are kept. `executor: jax` runs the real model (tiny-opt on CPU, or dummy weights on a GPU).
+the first over it. A plain run computes every point; `--resume` keeps the points of the output
+JSON made with the same settings and computes the rest (`experiments/serving.py`: each point
+carries the provenance of the run that computed it). `executor: jax` runs the real model
+(tiny-opt on CPU, or dummy weights on a GPU).
 
-    python -m experiments.throughput --config configs/throughput.yaml
+    python -m experiments.throughput --config configs/throughput.yaml [--resume]
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from pathlib import Path
 from typing import Literal
 
 import matplotlib.pyplot as plt
-from tqdm.auto import tqdm
 
 from experiments import plots
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.metrics import summarize_requests
 from jpaged.models.presets import get_preset
 from jpaged.systems import SYSTEMS, SimConfig, build_engine, check_system
 from jpaged.trace_runner import run_trace
@@ -91,12 +91,7 @@ def run_point(config: ThroughputConfig, system: str, rate: float) -> dict:
     """Serves the trace at `rate` with `system`; returns the sweep point."""
     engine = build_engine(system, engine_config(config), config.sim)
     result = run_trace(engine, make_trace(config, rate))
-    summary = summarize_requests(result.records)
-    return {"system": system, "request_rate": rate,
-            "normalized_latency": summary.pop("normalized_latency_s"),
-            "avg_batched_requests": result.avg_batched_requests,
-            "num_preemptions": result.num_preemptions, "num_rejected": result.num_rejected,
-            "num_steps": result.num_steps, "end_time_s": result.end_time_s, "wall_s": result.wall_s, **summary}
+    return {"system": system, "request_rate": rate, **point_metrics(result)}
 
 
 def sustained_rates(points: list[dict], systems: list[str], threshold: float) -> dict[str, dict]:
@@ -124,19 +119,6 @@ def _settings(config: ThroughputConfig) -> dict:
     return settings
 
 
-def _load_previous(path: Path, config: ThroughputConfig) -> list[dict]:
-    if not path.exists():
-        return []
-    previous = json.loads(path.read_text())
-    old = dict(previous.get("provenance", {}).get("config", {}))
-    for key in ("systems", "rates", "output", "figure"):
-        old.pop(key, None)
-    if old != json.loads(json.dumps(_settings(config))):
-        logger.warning("%s was made with other settings: starting the sweep afresh", path)
-        return []
-    return previous.get("points", [])
-
-
 def plot(path: Path, points: list[dict], config: ThroughputConfig, threshold: float) -> Path:
     """Normalized latency (Fig. 12) and average batched requests (Fig. 13) against request rate."""
     fig, (ax_lat, ax_batch) = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -151,22 +133,15 @@ def plot(path: Path, points: list[dict], config: ThroughputConfig, threshold: fl
     return plots.save(fig, path)
 
 
-def run(config: ThroughputConfig) -> dict:
-    """Runs the missing points of the sweep, then writes the JSON and the figure; returns the JSON."""
+def run(config: ThroughputConfig, resume: bool = False) -> dict:
+    """Runs the sweep (under `resume`, only the points the output JSON lacks), then writes the JSON
+    and the figure; returns the JSON."""
     out_path = REPO_ROOT / config.output
-    points = [p for p in _load_previous(out_path, config) if p["system"] in config.systems]
-    done = {(p["system"], p["request_rate"]) for p in points}
-    todo = [(s, float(r)) for s in config.systems for r in config.rates[s] if (s, float(r)) not in done]
+    keys = [(s, float(r)) for s in config.systems for r in config.rates[s]]
     prov = provenance(config, seed=config.seed,
                       device=None if config.executor == "jax" else f"simulated {config.sim.tp}x {config.sim.gpu}")
-    bar = tqdm(todo, desc="throughput sweep", disable=not todo)
-    for system, rate in bar:
-        bar.set_postfix(system=system, rate=rate, refresh=True)
-        point = run_point(config, system, rate)
-        points.append(point)
-        bar.set_postfix(system=system, rate=rate, norm_lat=f"{point['normalized_latency']:.3f}",
-                        wall_s=f"{point['wall_s']:.1f}")
-        write_json(out_path, {"points": points, "provenance": prov})  # resumable after every point
+    points = run_sweep(out_path, _settings(config), keys, lambda p: (p["system"], p["request_rate"]),
+                       lambda k: run_point(config, *k), prov, "throughput sweep", resume=resume)
     threshold = config.latency_threshold_factor * min(p["normalized_latency"] for p in points)
     sustained = sustained_rates(points, config.systems, threshold)
     result = {"points": sorted(points, key=lambda p: (config.systems.index(p["system"]), p["request_rate"])),
@@ -174,7 +149,7 @@ def run(config: ThroughputConfig) -> dict:
               "sustained_rate_censored": {s: v["censored"] for s, v in sustained.items()},
               "latency_threshold": threshold,
               "total_wall_s": sum(p["wall_s"] for p in points),
-              "provenance": prov}
+              "settings": _settings(config), "provenance": prov}
     write_json(out_path, result)
     plot(REPO_ROOT / config.figure, points, config, threshold)
     print(f"latency_threshold  {threshold:.4f} s/token")

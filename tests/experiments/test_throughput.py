@@ -1,4 +1,5 @@
-"""experiments.throughput: a tiny sweep end to end, resuming, sustained rates, config errors."""
+"""experiments.throughput: a tiny sweep end to end, opt-in resuming with per-point provenance,
+sustained rates, config errors."""
 
 import json
 
@@ -30,15 +31,49 @@ def test_run_writes_points_sustained_rates_and_figure(tmp_path, capsys):
     assert "sustained_rate.vllm" in capsys.readouterr().out
 
 
-def test_resume_skips_finished_points(tmp_path, monkeypatch):
-    throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}))
+def _counting_run_point(monkeypatch) -> list:
     ran = []
     real = throughput.run_point
     monkeypatch.setattr(throughput, "run_point", lambda c, s, r: ran.append((s, r)) or real(c, s, r))
-    result = throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0, 2.0]}))
+    return ran
+
+
+def test_plain_run_computes_every_point_even_when_the_json_has_them(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]})
+    throughput.run(config)
+    ran = _counting_run_point(monkeypatch)
+    second = throughput.run(config)
+    assert ran == [("vllm", 1.0)]
+    assert second["points"][0]["provenance"] == {k: v for k, v in second["provenance"].items() if k != "config"}
+
+
+def test_resume_keeps_finished_points_with_their_own_provenance(tmp_path, monkeypatch, capsys):
+    first = throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}))
+    stamp = first["points"][0]["provenance"]
+    assert stamp["git_sha"] == first["provenance"]["git_sha"] and "config" not in stamp
+    capsys.readouterr()
+    ran = _counting_run_point(monkeypatch)
+    result = throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0, 2.0]}), resume=True)
     assert ran == [("vllm", 2.0)] and len(result["points"]) == 2
+    assert "reused 1 of 2 points" in capsys.readouterr().out
+    kept = next(p for p in result["points"] if p["request_rate"] == 1.0)
+    assert kept["provenance"] == stamp  # the run that computed it, not this one
+    saved = json.loads((tmp_path / "tp.json").read_text())
+    assert saved["points"] == result["points"] and saved["provenance"] == result["provenance"]
     ran.clear()
-    throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}, seed=1))  # new settings: afresh
+    throughput.run(tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]}, seed=1), resume=True)
+    assert ran == [("vllm", 1.0)]  # other settings: nothing to reuse
+
+
+def test_resume_recomputes_points_without_provenance(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, systems=["vllm"], rates={"vllm": [1.0]})
+    throughput.run(config)
+    saved = json.loads((tmp_path / "tp.json").read_text())
+    for point in saved["points"]:
+        del point["provenance"]  # a file written before points carried their own
+    (tmp_path / "tp.json").write_text(json.dumps(saved))
+    ran = _counting_run_point(monkeypatch)
+    throughput.run(config, resume=True)
     assert ran == [("vllm", 1.0)]
 
 
