@@ -1,13 +1,17 @@
-"""Every experiment's default config in order, one progress bar, then the figures and REPORT.md.
+"""Every experiment's default config in order, then the figures and REPORT.md.
 
 Each experiment writes its JSON and figures as its own entry point does; the report
 (`experiments.report`) is then rewritten from the JSON files. The full run includes the slow
 real-hardware benchmarks (kernel_bench, bench_host, serve_real). `--quick` skips those and runs
 shortened copies of the other configs (shorter traces, fewer points: the overrides in QUICK)
-into results/quick/, with their own REPORT.md there, in under 10 minutes on a 2-core CPU. Sweeps
-resume past finished points, so an interrupted run picks up where it stopped.
+into results/quick/, with their own REPORT.md there. `--resume` is passed to every experiment
+that resumes (`experiments.common.call_run`), so an interrupted run picks up where it stopped;
+without it every point is computed afresh.
 
-    python -m experiments.reproduce_all [--quick]
+On screen: an overall bar (experiments done, the one running) with each experiment's own bars
+stacked under it; the experiments' summary lines and log records are printed above the bars.
+
+    python -m experiments.reproduce_all [--quick] [--resume]
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common import REPO_ROOT
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from experiments.common import REPO_ROOT, call_run
 from experiments.report import write_report
 from jpaged.config import load_config
 
@@ -70,20 +77,41 @@ def load_step(module_name: str, config_name: str, quick: bool):
     return module.run, config
 
 
-def main(quick: bool) -> None:
-    """Runs the steps (quick: the fast ones, shortened), then rewrites the report."""
-    from tqdm.auto import tqdm
+class LinesAboveBars(io.TextIOBase):
+    """A stdout that prints each complete line above the progress bars on `bars` (tqdm clears
+    them, the line is written, tqdm redraws them), so printed lines never split a bar."""
 
+    def __init__(self, out, bars):
+        self.out, self.bars, self.pending = out, bars, ""
+
+    def write(self, text: str) -> int:
+        """Buffers `text`; writes the complete lines it ends, above the bars."""
+        lines, newline, self.pending = (self.pending + text).rpartition("\n")
+        if newline:
+            with tqdm.external_write_mode(file=self.bars):
+                self.out.write(lines + newline)
+                self.out.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        """Flushes the underlying stream (a partial line stays buffered until its newline)."""
+        self.out.flush()
+
+
+def main(quick: bool, resume: bool = False) -> None:
+    """Runs the steps (quick: the fast ones, shortened), then rewrites the report."""
     steps = [(m, c) for m, c in STEPS if not (quick and (m in SLOW or c in SLOW))]
     start = time.perf_counter()
-    # One bar, on stdout: the experiments' own bars (stderr) are swallowed so they don't interleave
-    # with it; their summary blocks (stdout) and log records (handlers bound earlier) still show.
-    bar = tqdm(steps, desc="reproduce_all", unit="exp", file=sys.stdout)
-    for module_name, config_name in bar:
-        bar.set_postfix(experiment=config_name, elapsed_s=f"{time.perf_counter() - start:.0f}", refresh=True)
-        run, config = load_step(module_name, config_name, quick)
-        with contextlib.redirect_stderr(io.StringIO()):
-            run(config)
+    # All bars go to stderr (tqdm's default), where tqdm stacks an experiment's bars under this
+    # one; the experiments' stdout and log records are written above them.
+    with logging_redirect_tqdm(), contextlib.redirect_stdout(LinesAboveBars(sys.stdout, sys.stderr)):
+        bar = tqdm(steps, desc="reproduce_all", unit="exp")
+        for module_name, config_name in bar:
+            bar.set_postfix(experiment=config_name, elapsed_s=f"{time.perf_counter() - start:.0f}", refresh=True)
+            run, config = load_step(module_name, config_name, quick)
+            print(f"== {config_name} ({module_name}, output {config.output})")
+            call_run(run, config, resume=resume)
+        bar.close()
     results = REPO_ROOT / ("results/quick" if quick else "results")
     report = write_report(results)
     print(f"report       {report}")
@@ -93,5 +121,8 @@ def main(quick: bool) -> None:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fast configs into results/quick/ (< 10 min on a CPU)")
-    main(parser.parse_args().quick)
+    parser.add_argument("--quick", action="store_true", help="shortened configs into results/quick/")
+    parser.add_argument("--resume", action="store_true",
+                        help="each experiment that resumes keeps its finished points (same settings) and runs the rest")
+    args = parser.parse_args()
+    main(args.quick, args.resume)
