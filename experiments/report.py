@@ -1,8 +1,10 @@
 """results/REPORT.md, generated whole from the JSON results: every number in it comes from a file.
 
-Each section puts a figure beside the paper's claim, the command that made it, and a sentence on
-where ours agrees or differs and why. A section whose JSON is missing says so and how to make it.
-The prose that explains differences lives here; any number it cites is read from the results.
+Each section puts our table and figure (the PNG beside REPORT.md, embedded) beside the paper's
+claim, the command that made them, and a sentence on where ours agrees or differs and why. A
+section whose JSON is missing says so and how to make it. The prose that explains differences
+lives in report_sections.py, report_sharing.py and report_ablations.py; any number it cites is
+read from the results.
 
     python -m experiments.report            # rewrite results/REPORT.md from results/*.json
 """
@@ -14,11 +16,13 @@ import json
 from pathlib import Path
 
 from experiments.common import REPO_ROOT
-from experiments.report_sections import (chatbot, header, host_and_real_engine, kernel_and_block_size, memory_waste,
-                                         parallel_sampling, preemption, real_executor, shared_prefix, throughput)
+from experiments.report_ablations import kernel_and_block_size, preemption
+from experiments.report_sections import (Figures, header, host_and_real_engine, memory_waste, provenance, real_executor,
+                                         throughput)
+from experiments.report_sharing import chatbot, parallel_sampling, shared_prefix
 
 SECTIONS = (header, memory_waste, throughput, real_executor, parallel_sampling, shared_prefix, chatbot,
-            kernel_and_block_size, preemption, host_and_real_engine)
+            kernel_and_block_size, preemption, host_and_real_engine, provenance)
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
@@ -26,15 +30,16 @@ def load_results(results_dir: Path) -> dict[str, dict]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(Path(results_dir).glob("*.json"))}
 
 
-def render(results: dict[str, dict]) -> str:
-    """The whole REPORT.md text from the loaded results."""
-    return "\n\n".join(section(results).strip() for section in SECTIONS) + "\n"
+def render(results: dict[str, dict], figures: Figures) -> str:
+    """The whole REPORT.md text from the loaded results and the figures beside it."""
+    return "\n\n".join(section(results, figures).strip() for section in SECTIONS) + "\n"
 
 
-def write_report(results_dir: Path = REPO_ROOT / "results", path: Path | None = None) -> Path:
-    """Renders the report from `results_dir` and writes it (default: REPORT.md beside the results)."""
-    path = Path(path or Path(results_dir) / "REPORT.md")
-    path.write_text(render(load_results(results_dir)))
+def write_report(results_dir: Path = REPO_ROOT / "results") -> Path:
+    """Renders the report from `results_dir` and writes it there as REPORT.md (beside the figures
+    it embeds by file name); returns its path."""
+    path = Path(results_dir) / "REPORT.md"
+    path.write_text(render(load_results(results_dir), Figures(results_dir)))
     return path
 
 

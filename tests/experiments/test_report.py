@@ -1,10 +1,13 @@
-"""REPORT.md generation from fixture results, and reproduce_all's quick configs."""
+"""REPORT.md generation from fixture results, the committed report's links, and reproduce_all's
+quick configs."""
 
 import json
+import re
 
 import pytest
 
 from experiments import report, reproduce_all
+from experiments.common import REPO_ROOT
 
 
 def _fixture_results():
@@ -42,6 +45,42 @@ def test_report_numbers_come_from_the_results(tmp_path):
     assert "*Not run yet: `python -m experiments.parallel_sampling --config configs/parallel_sampling.yaml`.*" in text
     assert "*Not run yet: `python -m experiments.preemption" in text
     assert text.count("## ") >= 9
+    assert "PAPER.md" not in text and "Kwon et al." in text
+
+
+def test_figures_are_embedded_where_the_png_exists(tmp_path):
+    for stem, data in _fixture_results().items():
+        (tmp_path / f"{stem}.json").write_text(json.dumps(data))
+    (tmp_path / "chatbot.png").write_bytes(b"\x89PNG")
+    text = report.write_report(tmp_path).read_text()
+    assert "![Fig. 17: normalized latency vs request rate, chatbot](chatbot.png)" in text
+    chatbot = text[text.index("## Fig. 17"):text.index("## Fig. 18")]
+    assert chatbot.index("Sustained rates") < chatbot.index("![Fig. 17")  # beside its numbers
+    shared = text[text.index("## Fig. 16"):text.index("## Fig. 17")]
+    assert "](" not in shared and "*No figure yet" in shared  # shared_prefix.png is missing
+    assert "| `chatbot.json` | `?` ? (file) |" in text  # no provenance: said so
+
+
+# Backticked mentions of files: a path with a folder or a name with one of these extensions.
+_FILE_MENTION = re.compile(r"`([\w./*<>-]+\.(?:py|json|png|yaml|md|sh))(?:::\w+)?`")
+
+
+def test_committed_report_points_only_to_files_that_exist():
+    """Every image, link and file the committed results/REPORT.md names exists in this repository
+    (a name without a folder lives beside the report; `*` and `<config>` match any file)."""
+    results = REPO_ROOT / "results"
+    text = (results / "REPORT.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert any(link.endswith(".png") for link in links)
+    for link in links:
+        assert (results / link).is_file(), f"REPORT.md links to {link}, which is not in results/"
+    for name in _FILE_MENTION.findall(text):
+        pattern = name.replace("<config>", "*")
+        where = results if "/" not in name else REPO_ROOT
+        assert list(where.glob(pattern)), f"REPORT.md names {name}, which matches no file under {where}"
+    for name in re.findall(r"--config (configs/[\w.]+\.yaml)", text):
+        assert (REPO_ROOT / name).is_file(), f"REPORT.md's command names {name}, which does not exist"
+    assert "PAPER.md" not in text  # the paper's notes live outside this repository: cite the paper
 
 
 @pytest.mark.parametrize("module, config", [s for s in reproduce_all.STEPS if s[1] not in reproduce_all.SLOW])
