@@ -34,8 +34,9 @@ def kernel_and_block_size(results: dict, figures: Figures) -> str:
                     + f" | {any_p['paged_attention_overhead']:.2f} ({any_p['overhead_source']}) |")
     rates = ", ".join(f"{d} at {p['request_rate']} req/s" for d in datasets
                       for p in [next(p for p in r["points"] if p["dataset"] == d)])
+    sources = ", ".join(f"`{path}`" for path in r["provenance"]["config"]["kernel_bench"])
     return out + f"""Fig. 18b: {command("block_size")} ({r['total_wall_s']:.0f} s), vLLM, {rates}, the same KV slots at every
-block size. Kernel costs per block size from `kernel_bench*.json` rows on {r['kernel_overhead_device']}.
+block size. Kernel costs per block size from the rows of {sources} on {r['kernel_overhead_device']}.
 
 {chr(10).join(rows)}
 
