@@ -107,7 +107,7 @@ def main(quick: bool, resume: bool = False) -> None:
     with logging_redirect_tqdm(), contextlib.redirect_stdout(LinesAboveBars(sys.stdout, sys.stderr)):
         bar = tqdm(steps, desc="reproduce_all", unit="exp")
         for module_name, config_name in bar:
-            bar.set_postfix(experiment=config_name, elapsed_s=f"{time.perf_counter() - start:.0f}", refresh=True)
+            bar.set_postfix(experiment=config_name, refresh=True)  # the bar shows the elapsed time itself
             run, config = load_step(module_name, config_name, quick)
             print(f"== {config_name} ({module_name}, output {config.output})")
             call_run(run, config, resume=resume)
