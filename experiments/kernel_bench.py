@@ -231,7 +231,7 @@ def reusable_rows(path: Path, run_provenance: dict, keys: set[tuple[int, int, in
         return []
     old = json.loads(path.read_text())
     if (old.get("device") != run_provenance["device"]
-            or old.get("provenance", {}).get("config") != run_provenance["config"]):
+            or old.get("provenance", {}).get("config") != json.loads(json.dumps(run_provenance["config"]))):
         logger.warning("%s was made with another config or device: timing every point afresh", path)
         return []
     return [r for r in old.get("rows", []) if "provenance" in r and _key(r) in keys]
