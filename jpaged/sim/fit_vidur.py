@@ -11,7 +11,7 @@ governs, by least squares on relative error:
   achieved HBM bandwidth from the memory-bound points (<= 16 tokens), achieved tensor-core FLOP/s
   from the compute-bound points (>= 1024 tokens), then the per-kernel fixed time and the sharpness
   of the memory-to-compute transition on all points. TP 1 only: its matrices (34-180 MB) have the
-  size the simulated models' per-GPU matrices have (28-210 MB); TP 2-8 are a held-out check.
+  size the simulated models' per-GPU matrices have (38-210 MB); TP 2-8 are a held-out check.
 - Elementwise ops (norms, RoPE, activation, residual add, same file): a per-layer floor (launch-bound
   at small batches) and an achieved bandwidth over the activation bytes `shapes` counts.
 - Host overhead (cpu_overheads.csv): a line in the batch size per TP degree through vLLM's CPU work
