@@ -1,5 +1,11 @@
 """Serving metrics: per-request latencies and throughput (vLLM's benchmark names), the paper's
-normalized latency, the average batch size, and the KV cache usage breakdown over time.
+normalized latency, batch occupancy over time, and the KV cache usage breakdown over time.
+
+Time averages weight each executed step by its duration (busy time; idle gaps between steps, when
+nothing is running, are left out). Besides the whole-run average, the accumulators keep a
+steady-state average: from the first step during which the KV pool was full (the caller's
+`pool_full` signal, see `KVUsageAccumulator.add`) to the end of the run, so that the warm-up while
+the pool first fills (the first minutes of a trace) does not dilute it.
 """
 
 from __future__ import annotations
@@ -76,8 +82,39 @@ def summarize_requests(records: Sequence[RequestRecord], duration_s: float | Non
     return summary
 
 
+class _WindowedSums:
+    """Duration-weighted sums of a few quantities over the whole run and over the steady state."""
+
+    def __init__(self, size: int) -> None:
+        self.whole = [0.0] * size  # sum of value x duration over every recorded step
+        self.steady = [0.0] * size  # the same from the first pool-full step on
+        self.whole_s = 0.0  # seconds recorded
+        self.steady_s = 0.0  # seconds recorded since the window opened
+        self.window_open = False
+
+    def add(self, duration: float, values: tuple[float, ...], pool_full: bool) -> None:
+        if duration < 0:
+            raise ValueError(f"duration must be >= 0, got {duration}")
+        self.window_open = self.window_open or pool_full
+        for i, value in enumerate(values):
+            self.whole[i] += value * duration
+        self.whole_s += duration
+        if self.window_open:
+            for i, value in enumerate(values):
+                self.steady[i] += value * duration
+            self.steady_s += duration
+
+    @property
+    def warmup_s(self) -> float | None:
+        """Recorded seconds before the steady-state window opened; None while it has not."""
+        return self.whole_s - self.steady_s if self.window_open else None
+
+
 class BatchSizeAccumulator:
-    """Average number of batched requests (Fig. 13): steps weighted by their duration."""
+    """Sequences per step, time-weighted: what the trace runner records today.
+
+    `BatchOccupancyAccumulator` reports both of Fig. 13's definitions and a steady-state window.
+    """
 
     def __init__(self) -> None:
         self._weighted = 0.0  # sum of num_seqs x duration, seq-seconds
@@ -93,6 +130,48 @@ class BatchSizeAccumulator:
         return self._weighted / self._time if self._time > 0 else 0.0
 
 
+class BatchOccupancyAccumulator:
+    """The two batch sizes of a serving run (Fig. 13 and every batch-size plot), time-averaged.
+
+    - requests per step: requests (sequence groups) with at least one token computed in the step;
+      a step running 40 decode rows and the prompts of 2 new requests counts 42. The batch the GPU
+      sees. Under prefill-only / decode-only steps (the paper's scheduler) prefill steps count only
+      their prompts, which pulls this average down when prefill takes a large share of GPU time.
+    - requests resident in the KV cache: requests holding at least one KV block on the device
+      during the step, whether or not the step computes a token of theirs (a request swapped out
+      to the host, or preempted for recompute, holds none). The batch the memory manager sustains.
+    Both are averaged over executed steps weighted by step duration, over the whole run and over
+    the steady state (module docstring).
+    """
+
+    def __init__(self) -> None:
+        self._sums = _WindowedSums(2)
+
+    def add(self, duration: float, requests_in_step: int, requests_resident: int, *, pool_full: bool = False) -> None:
+        """Records a step of `duration` seconds; `pool_full` as in `KVUsageAccumulator.add`."""
+        if min(requests_in_step, requests_resident) < 0:
+            raise ValueError(f"request counts must be >= 0, got {requests_in_step}, {requests_resident}")
+        self._sums.add(duration, (requests_in_step, requests_resident), pool_full)
+
+    @staticmethod
+    def _means(sums: list[float], seconds: float) -> dict[str, float]:
+        in_step, resident = (v / seconds if seconds > 0 else 0.0 for v in sums)
+        return {"requests_per_step": in_step, "requests_resident": resident}
+
+    def mean(self) -> dict[str, float]:
+        """Whole-run averages {requests_per_step, requests_resident} (0 when nothing was recorded)."""
+        return self._means(self._sums.whole, self._sums.whole_s)
+
+    def steady_state_mean(self) -> dict[str, float] | None:
+        """Averages over the steady-state window; None when the pool never filled."""
+        return self._means(self._sums.steady, self._sums.steady_s) if self._sums.window_open else None
+
+    @property
+    def warmup_s(self) -> float | None:
+        """Recorded seconds before the pool first filled (None when it never did)."""
+        return self._sums.warmup_s
+
+
 class KVUsageAccumulator:
     """Time-averaged breakdown of the KV slot space (paper Fig. 2), in percent of all slots.
 
@@ -105,37 +184,51 @@ class KVUsageAccumulator:
     - external: free, yet unusable by the allocator for the request it must serve next (free buddy
       blocks too small for it); a paged pool has none, since any free block serves any request;
     - free: the rest, free and usable.
+    `percentages()` averages the whole run; `steady_state_percentages()` the window from the first
+    step during which the pool was full (module docstring), which leaves out the warm-up.
     """
 
     def __init__(self, total_slots: int) -> None:
         if total_slots < 1:
             raise ValueError(f"total_slots must be >= 1, got {total_slots}")
         self.total_slots = total_slots
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # slot-seconds of token_states, reserved, internal, external
-        self._time = 0.0  # seconds recorded
+        self._sums = _WindowedSums(4)  # slot-seconds of token_states, reserved, internal, external
 
-    def add(self, duration: float, token_states: int, reserved: int, internal: int, external: int) -> None:
-        """Records the slot counts of a step lasting `duration` seconds (its weight in the average)."""
+    def add(self, duration: float, token_states: int, reserved: int, internal: int, external: int, *,
+            pool_full: bool = False) -> None:
+        """Records the slot counts of a step lasting `duration` seconds (its weight in the average).
+
+        `pool_full`: the KV pool is full during this step: the allocator could not place the next
+        waiting request (or had to preempt one) for lack of free memory. The first such step opens
+        the steady-state window.
+        """
         if min(token_states, reserved, internal, external) < 0:
             raise ValueError(f"slot counts must be >= 0, got {token_states}, {reserved}, {internal}, {external}")
         if token_states + reserved + internal + external > self.total_slots:
             raise ValueError(f"token_states + reserved + internal + external = "
                              f"{token_states + reserved + internal + external} exceeds total_slots "
                              f"{self.total_slots}")
-        if duration < 0:
-            raise ValueError(f"duration must be >= 0, got {duration}")
-        sums = self._sums
-        sums[0] += token_states * duration
-        sums[1] += reserved * duration
-        sums[2] += internal * duration
-        sums[3] += external * duration
-        self._time += duration
+        self._sums.add(duration, (token_states, reserved, internal, external), pool_full)
 
-    def percentages(self) -> dict[str, float]:
-        """Time-averaged percent of all slots in each state; the five values sum to 100."""
-        if self._time <= 0:
-            raise ValueError("no step with a positive duration was recorded")
-        scale = 100.0 / (self._time * self.total_slots)
-        token, reserved, internal, external = (s * scale for s in self._sums)
+    def _percentages(self, sums: list[float], seconds: float) -> dict[str, float]:
+        scale = 100.0 / (seconds * self.total_slots)
+        token, reserved, internal, external = (s * scale for s in sums)
         return {"token_states_pct": token, "reserved_pct": reserved, "internal_frag_pct": internal,
                 "external_frag_pct": external, "free_pct": 100.0 - token - reserved - internal - external}
+
+    def percentages(self) -> dict[str, float]:
+        """Whole-run time-averaged percent of all slots in each state; the five values sum to 100."""
+        if self._sums.whole_s <= 0:
+            raise ValueError("no step with a positive duration was recorded")
+        return self._percentages(self._sums.whole, self._sums.whole_s)
+
+    def steady_state_percentages(self) -> dict[str, float] | None:
+        """The same over the steady-state window; None when the pool never filled (or no time passed)."""
+        if not self._sums.window_open or self._sums.steady_s <= 0:
+            return None
+        return self._percentages(self._sums.steady, self._sums.steady_s)
+
+    @property
+    def warmup_s(self) -> float | None:
+        """Recorded seconds before the pool first filled (None when it never did)."""
+        return self._sums.warmup_s

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from jpaged.baselines.buddy import BuddyAllocator, reservation
-from jpaged.metrics import BatchSizeAccumulator, KVUsageAccumulator, RequestRecord, summarize_requests
+from jpaged.metrics import (BatchOccupancyAccumulator, BatchSizeAccumulator, KVUsageAccumulator, RequestRecord,
+                            summarize_requests)
 
 
 def test_request_summary_hand_case():
@@ -39,6 +40,41 @@ def test_batch_size_is_time_weighted():
     acc.add(1.0, 4)
     acc.add(3.0, 8)
     assert acc.mean() == pytest.approx(7.0)
+
+
+def test_batch_occupancy_both_definitions_and_steady_state():
+    acc = BatchOccupancyAccumulator()
+    # Warm-up: 2 s of decode steps over 4 resident requests; then the pool fills.
+    acc.add(2.0, 4, 4)
+    # A 1 s prefill step of 2 new prompts while 10 requests are resident (8 decoding ones wait),
+    # then 3 s of decode steps over all 10.
+    acc.add(1.0, 2, 10, pool_full=True)
+    acc.add(3.0, 10, 10)
+    assert acc.mean() == pytest.approx({"requests_per_step": (8 + 2 + 30) / 6, "requests_resident": (8 + 10 + 30) / 6})
+    assert acc.steady_state_mean() == pytest.approx({"requests_per_step": 32 / 4, "requests_resident": 10.0})
+    assert acc.warmup_s == pytest.approx(2.0)
+    never = BatchOccupancyAccumulator()
+    never.add(1.0, 3, 3)
+    assert never.steady_state_mean() is None and never.warmup_s is None
+    assert BatchOccupancyAccumulator().mean() == {"requests_per_step": 0.0, "requests_resident": 0.0}
+    with pytest.raises(ValueError, match="request counts"):
+        acc.add(1.0, -1, 2)
+    with pytest.raises(ValueError, match="duration"):
+        acc.add(-1.0, 1, 2)
+
+
+def test_kv_steady_state_window_leaves_out_the_warm_up():
+    acc = KVUsageAccumulator(100)
+    acc.add(3.0, 10, 0, 0, 0)  # warm-up: the pool fills slowly
+    acc.add(1.0, 90, 5, 5, 0, pool_full=True)
+    acc.add(1.0, 80, 10, 5, 0)  # the window stays open once the pool has filled
+    whole, steady = acc.percentages(), acc.steady_state_percentages()
+    assert whole["token_states_pct"] == pytest.approx((30 + 90 + 80) / 5)
+    assert steady["token_states_pct"] == pytest.approx(85.0) and steady["free_pct"] == pytest.approx(2.5)
+    assert sum(steady.values()) == pytest.approx(100.0) and acc.warmup_s == pytest.approx(3.0)
+    never = KVUsageAccumulator(100)
+    never.add(1.0, 10, 0, 0, 0)
+    assert never.steady_state_percentages() is None and never.warmup_s is None
 
 
 def test_kv_breakdown_of_a_buddy_run_tiles_the_slot_space():

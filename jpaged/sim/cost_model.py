@@ -1,15 +1,22 @@
-"""Roofline cost of one serving step on a modeled GPU: the simulator's only source of time.
+"""Cost of one serving step on a modeled GPU: the simulator's only source of time.
 
-Per step and per GPU (tensor parallelism shards weights, heads and KV by `tp`):
-- linear layers: max(weight bytes / bandwidth, GEMM FLOPs / compute) — decode is bandwidth-bound
-  at small batches, prefill compute-bound;
-- attention: max(KV bytes / bandwidth, attention FLOPs / compute); the paged decode kernel's
-  measured overhead multiplies its KV read time;
-- two all-reduces of the hidden state per layer over NVLink (Megatron), ring algorithm;
-- fixed overheads: per layer (gaps between dependent kernels) and per step (host work).
-Swap (PCIe) and copy-on-write (HBM) costs are separate so the executor can add them.
-Activation traffic and elementwise FLOPs are left out: at the batch sizes served they are a few
-percent of the weight and KV traffic, and the efficiency factors absorb them.
+`step_time(query_lens, context_lens)` times any batch mix (decode rows have query 1; prefill and
+chunked-prefill rows many; a row's queries are the last tokens of its context). Per GPU, with
+tensor parallelism sharding weights, heads and KV by `tp`, a step is the sum of:
+- GEMMs: the four projections of every layer over all the step's tokens, plus the LM head over one
+  row per sequence: kernel_s each + (weight read^p + FLOPs^p)^(1/p), a roofline whose sharpness p
+  is measured (memory-bound at small batches, compute-bound at large);
+- elementwise kernels (norms, activation, residual adds, RoPE): per layer, max(launch floor,
+  activation bytes / achieved bandwidth);
+- attention: decode rows read their KV (the paged kernel's overhead multiplies the read), prefill
+  rows are max(causal attention FLOPs, KV read); every new token's K/V is written;
+- two all-reduces of the step's hidden states per layer (Megatron), measured NCCL times vs bytes;
+- vLLM's host (CPU) work per step, measured as a line in the batch size per TP degree.
+The GPU parts run back to back after the host part, as in vLLM of the paper's era (no overlap).
+Every default constant comes from `jpaged/sim/vidur_a100_fit.json`, fitted by `fit_vidur` on
+Vidur's measurements of vLLM on A100 (docs/ARCHITECTURE.md, "Simulator constants"), except the
+two attention factors, which those measurements do not cover. Swap (PCIe) and copy-on-write (HBM)
+costs are separate so the executor can add them.
 """
 
 from __future__ import annotations
@@ -20,47 +27,66 @@ import numpy as np
 
 from jpaged.models.presets import ModelSpec, dtype_itemsize
 from jpaged.sim.gpus import GpuSpec
+from jpaged.sim.measured import VIDUR_A100
+from jpaged.sim.shapes import GEMMS_PER_LAYER, elementwise_elements_per_token, gemm_params_per_layer
+
+_FIT = VIDUR_A100
+PARTS = ("gemm", "elementwise", "attention", "communication", "host")  # keys of `CostModel.breakdown`
 
 
 @dataclasses.dataclass(frozen=True)
 class CostModelConfig:
-    """Efficiency factors and overheads; each is set from public measurements, not fitted."""
+    """Efficiencies and overheads. Defaults: the committed fit on Vidur's A100 data, unless noted."""
 
-    # Achievable fraction of datasheet HBM bandwidth for large streaming reads: STREAM-like copies
-    # reach ~1.3-1.4 of 1.555 TB/s on A100-40GB; the H200 device copy measures 4.3 of 4.8 TB/s.
-    hbm_efficiency: float = 0.85
-    # Fraction of dense FP16 peak the linear layers reach: cuBLAS reaches 70-80% on large GEMMs;
-    # whole-layer inference MFU, with norms, activations and smaller shapes, is lower.
-    gemm_efficiency: float = 0.6
-    # Fraction of peak reached by prefill attention: FlashAttention-2 reports 50-73% of A100 peak in
-    # the forward pass at long sequences; serving prompts are a few hundred tokens, so the low end.
+    # Achieved fraction of datasheet HBM bandwidth (weights, KV, copies): GEMMs at <= 16 tokens
+    # read their weights at 1.69 of the A100-80GB PCIe's 1.935 TB/s (mlp_llama2_7b.csv, TP 1).
+    hbm_efficiency: float = _FIT.hbm_efficiency
+    # Achieved fraction of dense FP16 tensor-core peak: GEMMs at >= 1024 tokens reach 220 of 312 TFLOP/s.
+    tensor_core_efficiency: float = _FIT.tensor_core_efficiency
+    # Fixed seconds per GEMM kernel (start-up and tail), fitted on all TP 1 GEMM points.
+    gemm_kernel_s: float = _FIT.gemm_kernel_s
+    # p of (memory^p + compute^p)^(1/p): how gradually GEMMs turn compute-bound (large p: a sharp max).
+    roofline_exponent: float = _FIT.roofline_exponent
+    # Achieved fraction of HBM bandwidth of the elementwise kernels over their activation bytes.
+    elementwise_efficiency: float = _FIT.elementwise_efficiency
+    # Seconds per layer the elementwise kernels take at least (launch-bound at small batches).
+    elementwise_floor_s: float = _FIT.elementwise_floor_s
+    # Not measured by Vidur's files: fraction of peak reached by prefill attention; FlashAttention-2
+    # reports 50-73% of A100 peak in the forward pass at long sequences, prompts are short: the low end.
     attention_efficiency: float = 0.5
-    # Decode attention time of the paged kernel relative to a contiguous kernel at the same KV
-    # bytes: the paper measures 20-26% higher attention latency than FasterTransformer (block-table
-    # lookups, branches, variable lengths); replace with our kernel benchmark's measurement.
+    # Not measured by Vidur's files: decode attention time of the paged kernel relative to a
+    # contiguous kernel at the same KV bytes; the paper measures 20-26% above FasterTransformer's.
     paged_attention_overhead: float = 1.2
-    # NCCL all-reduce bus bandwidth reaches ~80% of the per-direction NVLink bandwidth.
-    nvlink_efficiency: float = 0.8
-    # Latency of one small NCCL all-reduce over NVLink (launch + ring hops), seconds.
-    allreduce_latency_s: float = 1.0e-5
-    # GPU idle per layer between ~10 dependent kernels (~1.5 us each) without CUDA graphs, seconds.
-    layer_overhead_s: float = 1.5e-5
-    # Host work per step the GPU waits on (input upload, sampling, token readback), seconds.
-    step_overhead_s: float = 1.0e-3
+    # All-reduce bus bandwidth / per-direction NVLink bandwidth: 192 of 300 GB/s on the measured
+    # NVLink pair (all_reduce_pairwise_nvlink.csv, 2 GPUs); NVSwitch servers run each ring hop on NVLink.
+    nvlink_efficiency: float = _FIT.nvlink_efficiency
+    # Seconds one all-reduce takes at least, however small (measured median plateau, 2 GPUs).
+    allreduce_floor_s: float = _FIT.allreduce_floor_s
+    # Fixed seconds of a bandwidth-bound all-reduce: t = max(floor, fixed + ring bytes / bus bandwidth).
+    allreduce_fixed_s: float = _FIT.allreduce_fixed_s
+    # Host seconds per step at batch 0; None: the measured line of the model's TP degree (cpu_overheads.csv).
+    host_overhead_s: float | None = None
+    # Host seconds per sequence in the step; None: the measured line of the model's TP degree.
+    host_overhead_per_seq_s: float | None = None
     # Setup cost of one host<->device copy (cudaMemcpyAsync + DMA setup, ~5-10 us), seconds. Swap
     # issues one copy per block per layer for K and for V, so small blocks swap slowly (Fig. 19).
     pcie_copy_latency_s: float = 5.0e-6
 
     def __post_init__(self) -> None:
-        for name in ("hbm_efficiency", "gemm_efficiency", "attention_efficiency", "nvlink_efficiency"):
+        for name in ("hbm_efficiency", "tensor_core_efficiency", "elementwise_efficiency",
+                     "attention_efficiency", "nvlink_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"cost.{name} must be in (0, 1], got {value}")
         if not self.paged_attention_overhead >= 1.0:
             raise ValueError(f"cost.paged_attention_overhead must be >= 1, got {self.paged_attention_overhead}")
-        for name in ("allreduce_latency_s", "layer_overhead_s", "step_overhead_s", "pcie_copy_latency_s"):
-            if getattr(self, name) < 0.0:
-                raise ValueError(f"cost.{name} must be >= 0, got {getattr(self, name)}")
+        if not 1.0 <= self.roofline_exponent < float("inf"):
+            raise ValueError(f"cost.roofline_exponent must be finite and >= 1, got {self.roofline_exponent}")
+        for name in ("gemm_kernel_s", "elementwise_floor_s", "allreduce_floor_s", "allreduce_fixed_s",
+                     "host_overhead_s", "host_overhead_per_seq_s", "pcie_copy_latency_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0.0:
+                raise ValueError(f"cost.{name} must be >= 0, got {value}")
 
 
 class CostModel:
@@ -72,71 +98,90 @@ class CostModel:
             raise ValueError(f"tp must be >= 1 and divide num_heads ({spec.num_heads}), got {tp}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        itemsize = dtype_itemsize(dtype)
-        h, f, layers = spec.hidden_size, spec.intermediate_size, spec.num_layers
-        mlp_mats = 2 if spec.family == "opt" else 3  # OPT fc1 + fc2; LLaMA gate, up, down
-        linear_params = layers * (2 * h * spec.q_size + 2 * h * spec.kv_size + mlp_mats * h * f)
+        c, itemsize, layers, h = config, dtype_itemsize(dtype), spec.num_layers, spec.hidden_size
+        self.tp, self.num_layers, self.config = tp, layers, c
+        self._bw = gpu.hbm_bw * c.hbm_efficiency  # bytes/s
+        flops = gpu.fp16_flops * c.tensor_core_efficiency  # FLOP/s
+        self._p = c.roofline_exponent
+        layer_params = sum(gemm_params_per_layer(spec, tp))  # GEMM weights of one layer on one GPU
+        self._gemm_mem_s = layers * layer_params * itemsize / self._bw  # weights read once per step
+        self._gemm_s_per_token = 2.0 * layers * layer_params / flops  # every token through every GEMM
+        head_params = spec.vocab_size * h / tp  # vocabulary-parallel LM head, one row per sequence
+        self._head_mem_s = head_params * itemsize / self._bw
+        self._head_s_per_row = 2.0 * head_params / flops
+        self._gemm_fixed_s = (layers * GEMMS_PER_LAYER + 1) * c.gemm_kernel_s
+        self._elem_s_per_token = (elementwise_elements_per_token(spec, tp) * itemsize
+                                  / (gpu.hbm_bw * c.elementwise_efficiency))  # per layer
         # GQA with tp > kv heads replicates KV heads: each GPU keeps at least one.
         kv_share = -(-spec.num_kv_heads // tp) / spec.num_kv_heads
-        self.tp, self.num_layers, self.config = tp, layers, config
-        self._bw = gpu.hbm_bw * config.hbm_efficiency  # bytes/s
-        self._gemm_flops = gpu.fp16_flops * config.gemm_efficiency  # FLOP/s
-        self._attn_flops = gpu.fp16_flops * config.attention_efficiency  # FLOP/s
-        self._weight_time = spec.param_bytes(dtype) / tp / self._bw  # s, all weights read once per step
-        self._flops_per_token = 2.0 * linear_params / tp  # FLOP, every token through every linear layer
-        self._lm_head_flops = 2.0 * h * spec.vocab_size / tp  # FLOP per sampled row (vocab-parallel head)
         self.kv_bytes_per_token = spec.kv_bytes_per_token(dtype) * kv_share  # bytes on one GPU
         self.block_bytes = block_size * self.kv_bytes_per_token  # bytes of one KV block on one GPU
-        self._kv_time_per_token = self.kv_bytes_per_token / self._bw  # s per context token read
-        self._pair_flops = 4.0 * spec.q_size * layers / tp  # FLOP per (query, key) pair: QK^T and PV
-        if tp == 1:
-            self._comm_per_token, self._comm_fixed = 0.0, 0.0
-        else:
-            # Ring all-reduce moves 2 (tp - 1) / tp of the message per GPU; 2 per layer (attn, MLP).
-            ring = 2.0 * (tp - 1) / tp / (gpu.nvlink_bw * config.nvlink_efficiency)
-            self._comm_per_token = 2 * layers * h * itemsize * ring  # s per token in the batch
-            self._comm_fixed = 2 * layers * config.allreduce_latency_s
-        self._fixed = layers * config.layer_overhead_s + config.step_overhead_s + self._comm_fixed
-        self._pcie_block_time = self.block_bytes / gpu.pcie_bw + 2 * layers * config.pcie_copy_latency_s
+        self._kv_s_per_token = self.kv_bytes_per_token / self._bw  # s per context token read or written
+        self._decode_kv_s = self._kv_s_per_token * c.paged_attention_overhead
+        self._pair_s = 4.0 * spec.q_size * layers / tp / (gpu.fp16_flops * c.attention_efficiency)  # QK^T, PV
+        # Ring all-reduce: each GPU sends 2 (tp - 1) / tp of the message; 2 per layer (attention, MLP).
+        self._num_allreduce = 2 * layers if tp > 1 else 0
+        ring = 2.0 * (tp - 1) / tp
+        self._allreduce_s_per_token = ring * h * itemsize / (gpu.nvlink_bw * c.nvlink_efficiency)
+        line = _FIT.host_overhead(tp)
+        self._host_fixed_s = line.fixed_s if c.host_overhead_s is None else c.host_overhead_s
+        self._host_per_seq_s = line.per_seq_s if c.host_overhead_per_seq_s is None else c.host_overhead_per_seq_s
+        self._pcie_block_s = self.block_bytes / gpu.pcie_bw + 2 * layers * c.pcie_copy_latency_s
 
-    def _linear_time(self, num_tokens: int, num_seqs: int) -> float:
-        flops = num_tokens * self._flops_per_token + num_seqs * self._lm_head_flops
-        return max(self._weight_time, flops / self._gemm_flops)
+    def _roofline(self, memory_s: float, compute_s: float) -> float:
+        p = self._p
+        return (memory_s**p + compute_s**p) ** (1.0 / p)
+
+    def _attention(self, query_lens: np.ndarray, context_lens: np.ndarray, num_tokens: int) -> float:
+        write = num_tokens * self._kv_s_per_token
+        decode = query_lens == 1
+        if decode.all():  # a decode row's queries see c keys: its (query, key) pairs equal its context
+            return write + float(context_lens.sum()) * max(self._decode_kv_s, self._pair_s)
+        # A query at position p attends to p + 1 keys (causal, offset by the cached context), so a
+        # row computing its last q of c tokens has q (c - q) + q (q + 1) / 2 (query, key) pairs.
+        q = query_lens[~decode].astype(np.float64)
+        ctx = context_lens[~decode]
+        pairs = float((q * (ctx - q) + 0.5 * q * (q + 1)).sum())
+        prefill = max(pairs * self._pair_s, float(ctx.sum()) * self._kv_s_per_token)
+        return write + prefill + float(context_lens[decode].sum()) * max(self._decode_kv_s, self._pair_s)
+
+    def _parts(self, query_lens: np.ndarray, context_lens: np.ndarray) -> tuple[float, ...]:
+        num_seqs = len(query_lens)
+        if num_seqs == 0:
+            return (0.0,) * len(PARTS)
+        num_tokens = int(query_lens.sum())
+        c = self.config
+        gemm = (self._gemm_fixed_s + self._roofline(self._gemm_mem_s, num_tokens * self._gemm_s_per_token)
+                + self._roofline(self._head_mem_s, num_seqs * self._head_s_per_row))
+        elementwise = self.num_layers * max(c.elementwise_floor_s, num_tokens * self._elem_s_per_token)
+        comm = self._num_allreduce * max(c.allreduce_floor_s,
+                                         c.allreduce_fixed_s + num_tokens * self._allreduce_s_per_token)
+        host = self._host_fixed_s + self._host_per_seq_s * num_seqs
+        return gemm, elementwise, self._attention(query_lens, context_lens, num_tokens), comm, host
+
+    def step_time(self, query_lens: np.ndarray, context_lens: np.ndarray) -> float:
+        """Seconds of one step: row i computes the last query_lens[i] of its context_lens[i] tokens.
+
+        `query_lens`, `context_lens`: i32[B], context counted after the step's writes, 1 <=
+        query_lens[i] <= context_lens[i]; decode rows have query 1. An empty batch costs 0.
+        """
+        return sum(self._parts(query_lens, context_lens))
+
+    def breakdown(self, query_lens: np.ndarray, context_lens: np.ndarray) -> dict[str, float]:
+        """`step_time`'s seconds by part (`PARTS`: gemm, elementwise, attention, communication, host)."""
+        return dict(zip(PARTS, self._parts(query_lens, context_lens)))
 
     def decode_time(self, context_lens: np.ndarray) -> float:
         """Seconds of a decode step: one new token per sequence; `context_lens` i32[B] after the write."""
-        num_seqs = len(context_lens)
-        return self.decode_time_from_sums(num_seqs, int(context_lens.sum()))
-
-    def decode_time_from_sums(self, num_seqs: int, context_tokens: int) -> float:
-        """`decode_time` given the batch size and the total context tokens of the batch."""
-        if num_seqs == 0:
-            return 0.0
-        attn = max(context_tokens * self._kv_time_per_token * self.config.paged_attention_overhead,
-                   context_tokens * self._pair_flops / self._attn_flops)
-        return (self._linear_time(num_seqs, num_seqs) + attn
-                + num_seqs * self._comm_per_token + self._fixed)
+        return self.step_time(np.ones(len(context_lens), np.int32), context_lens)
 
     def prefill_time(self, query_lens: np.ndarray, context_lens: np.ndarray) -> float:
-        """Seconds of a prefill step: sequence i computes its last query_lens[i] of context_lens[i] tokens.
-
-        A query at position p attends to p + 1 keys (causal, offset by the cached prefix), so a
-        sequence contributes q (c - q) + q (q + 1) / 2 (query, key) pairs.
-        """
-        num_seqs = len(query_lens)
-        if num_seqs == 0:
-            return 0.0
-        q = query_lens.astype(np.float64)
-        num_tokens = int(query_lens.sum())
-        pairs = float((q * (context_lens - q) + 0.5 * q * (q + 1)).sum())
-        attn = max(pairs * self._pair_flops / self._attn_flops,
-                   float(context_lens.sum()) * self._kv_time_per_token)
-        return (self._linear_time(num_tokens, num_seqs) + attn
-                + num_tokens * self._comm_per_token + self._fixed)
+        """Seconds of a prefill step; the same as `step_time` (kept for callers that split the two)."""
+        return self.step_time(query_lens, context_lens)
 
     def swap_time(self, num_blocks: int) -> float:
         """Seconds to move `num_blocks` KV blocks between host and device over PCIe (one direction)."""
-        return num_blocks * self._pcie_block_time
+        return num_blocks * self._pcie_block_s
 
     def copy_time(self, num_blocks: int) -> float:
         """Seconds to copy `num_blocks` KV blocks on the device (copy-on-write): read + write each."""

@@ -28,6 +28,9 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in (
     # NVLink 3: 12 links x 50 GB/s = 600 GB/s bidirectional; PCIe 4.0 x16 ~25 GB/s in practice.
     GpuSpec("a100-40gb", 40960 * _MIB, 1555e9, 312e12, 300e9, 25e9),
     GpuSpec("a100-80gb", 81920 * _MIB, 2039e9, 312e12, 300e9, 25e9),
+    # A100-80GB PCIe: 1,935 GB/s HBM2e, the same tensor peak; NVLink bridges join GPUs in pairs
+    # (3 bridges, 600 GB/s bidirectional). The GPU of Vidur's measurements (sim/fit_vidur.py).
+    GpuSpec("a100-80gb-pcie", 81920 * _MIB, 1935e9, 312e12, 300e9, 25e9),
     # H100 SXM: 3.35 TB/s HBM3, ~990 TFLOP/s dense FP16; NVLink 4: 900 GB/s bidirectional;
     # PCIe 5.0 x16: 64 GB/s per direction raw, ~50 GB/s practical (the 25 -> 50 doubling of Gen5).
     GpuSpec("h100", 81559 * _MIB, 3.35e12, 989e12, 450e9, 50e9),

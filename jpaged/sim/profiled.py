@@ -1,11 +1,16 @@
 """Profiled step costs (the Vidur approach): time a real executor on a grid of batch shapes, fit
 a linear model of step time, and simulate with the fit instead of the roofline.
 
-Decode: t = a + b * batch + c * context_tokens (weights read once; per-sequence work; KV read).
-Prefill: t = a + b * tokens + c * attention_pairs + d * context_tokens (GEMMs; causal attention;
-KV read and write). Coefficients are fitted by non-negative least squares so that extrapolation
-past the grid never predicts a faster step for more work. Swap and copy are not profiled: they
-come from the roofline model passed in.
+One model times any batch mix. Rows with query 1 are decode rows, the others prefill (or chunked
+prefill) rows; a step pays one fixed cost, that of a decode-only step or, when any row prefills,
+that of a prefill step (a different compiled program), plus per-row work:
+    t = a_decode [no prefill row] + a_prefill [some prefill row]
+        + b * decode_rows + c * decode_context_tokens           (per-sequence work; KV read)
+        + d * prefill_tokens + e * attention_pairs + f * prefill_context_tokens
+                                                                (GEMMs; causal attention; KV read)
+Coefficients are fitted by non-negative least squares so that extrapolation past the grid never
+predicts a faster step for more work. Swap and copy are not profiled: they come from the roofline
+model passed in.
 """
 
 from __future__ import annotations
@@ -25,23 +30,22 @@ from jpaged.step_plan import StepPlan, bucket
 class ProfileSample:
     """One timed shape: per-sequence query and context lengths and the measured seconds."""
 
-    is_prefill: bool
-    query_lens: tuple[int, ...]  # tokens computed per sequence (1 each in decode)
+    query_lens: tuple[int, ...]  # tokens computed per sequence (1 for a decode row)
     context_lens: tuple[int, ...]  # context per sequence after the step's writes
     seconds: float  # measured step time (the fastest of the repeats)
 
 
-def _decode_features(num_seqs: int, context_tokens: float) -> list[float]:
-    return [1.0, num_seqs, context_tokens]
+def step_features(query_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    """f64[7] features of one step (the module docstring's model, in its order)."""
+    decode = query_lens == 1
+    q = query_lens[~decode].astype(np.float64)
+    ctx = context_lens[~decode]
+    has_prefill = float(len(q) > 0)
+    return np.array([1.0 - has_prefill, has_prefill, float(decode.sum()), float(context_lens[decode].sum()),
+                     float(q.sum()), float((q * (ctx - q) + 0.5 * q * (q + 1)).sum()), float(ctx.sum())])
 
 
-def _prefill_features(query_lens: np.ndarray, context_lens: np.ndarray) -> list[float]:
-    q = query_lens.astype(np.float64)
-    pairs = float((q * (context_lens - q) + 0.5 * q * (q + 1)).sum())
-    return [1.0, float(q.sum()), pairs, float(context_lens.sum())]
-
-
-def synthetic_plan(is_prefill: bool, query_lens: list[int], context_lens: list[int], *,
+def synthetic_plan(query_lens: list[int], context_lens: list[int], *,
                    block_size: int, num_blocks: int, vocab_size: int) -> StepPlan:
     """A well-formed StepPlan of the given shape, padded like the scheduler pads, for timing.
 
@@ -50,8 +54,9 @@ def synthetic_plan(is_prefill: bool, query_lens: list[int], context_lens: list[i
     """
     n = len(query_lens)
     q, ctx = np.asarray(query_lens, np.int32), np.asarray(context_lens, np.int32)
-    if n == 0 or (q < 1).any() or (q > ctx).any() or (not is_prefill and (q != 1).any()):
-        raise ValueError("query_lens must be >= 1 and <= context_lens (1 each for decode), non-empty")
+    if n == 0 or (q < 1).any() or (q > ctx).any():
+        raise ValueError("query_lens must be non-empty, each >= 1 and <= its context_lens")
+    is_prefill = bool((q > 1).any())  # what today's StepPlan asks; decode rows are those with query 1
     total = int(q.sum())
     size_s, size_t = bucket(n), (bucket(total, minimum=16) if is_prefill else bucket(n))
     blocks = -(-ctx // block_size)
@@ -73,7 +78,9 @@ def synthetic_plan(is_prefill: bool, query_lens: list[int], context_lens: list[i
     context[:n] = ctx
     logits_indices = np.zeros(size_s, np.int32)
     logits_indices[:n] = qsl[1: n + 1] - 1
-    return StepPlan(is_prefill, n, total, token_ids, positions, slots, qsl, context, tables, logits_indices)
+    return StepPlan(is_prefill=is_prefill, num_seqs=n, num_tokens=total, token_ids=token_ids, positions=positions,
+                    slot_mapping=slots, query_start_loc=qsl, context_lens=context, block_tables=tables,
+                    logits_indices=logits_indices)
 
 
 def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks: int, vocab_size: int,
@@ -81,21 +88,23 @@ def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks
             prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024), repeats: int = 3) -> list[ProfileSample]:
     """Times `execute(plan) -> seconds` on a grid of shapes; one untimed run per shape compiles it.
 
-    Decode: every (batch, context) pair. Prefill: one prompt of each length, and batches of
-    four prompts of a quarter of each length (so the fit separates tokens from attention pairs).
+    Decode: every (batch, context) pair. Prefill: one prompt of each length, and batches of four
+    prompts of a quarter of each length (so the fit separates tokens from attention pairs). Mixed:
+    one prompt of each length beside four decode rows of the middle decode context.
     """
-    shapes = [(False, [1] * b, [c] * b) for b, c in itertools.product(decode_batches, decode_contexts)]
+    shapes = [([1] * b, [c] * b) for b, c in itertools.product(decode_batches, decode_contexts)]
+    mid_context = decode_contexts[len(decode_contexts) // 2]
     for t in prefill_tokens:
-        shapes.append((True, [t], [t]))
-        if t >= 4:
-            shapes.append((True, [t // 4] * 4, [t // 4] * 4))
+        shapes.append(([t], [t]))
+        if t >= 8:
+            shapes.append(([t // 4] * 4, [t // 4] * 4))
+        shapes.append(([t] + [1] * 4, [t] + [mid_context] * 4))
     samples = []
-    for is_prefill, q, ctx in shapes:
-        plan = synthetic_plan(is_prefill, q, ctx, block_size=block_size, num_blocks=num_blocks,
-                              vocab_size=vocab_size)
+    for q, ctx in shapes:
+        plan = synthetic_plan(q, ctx, block_size=block_size, num_blocks=num_blocks, vocab_size=vocab_size)
         execute(plan)
         best = min(execute(plan) for _ in range(repeats))
-        samples.append(ProfileSample(is_prefill, tuple(q), tuple(ctx), best))
+        samples.append(ProfileSample(tuple(q), tuple(ctx), best))
     return samples
 
 
@@ -103,29 +112,28 @@ class FittedCostModel:
     """Step times from a fit to profiled samples; swap and copy times from a roofline `CostModel`."""
 
     def __init__(self, samples: list[ProfileSample], transfers: CostModel) -> None:
-        decode = [s for s in samples if not s.is_prefill]
-        prefill = [s for s in samples if s.is_prefill]
-        if len(decode) < 3 or len(prefill) < 4:
-            raise ValueError(f"samples must hold >= 3 decode and >= 4 prefill shapes, got "
-                             f"{len(decode)} and {len(prefill)}")
-        x = np.array([_decode_features(len(s.context_lens), sum(s.context_lens)) for s in decode])
-        self.decode_coef = nnls(x, np.array([s.seconds for s in decode]))[0]  # [s, s/seq, s/token]
-        x = np.array([_prefill_features(np.array(s.query_lens), np.array(s.context_lens)) for s in prefill])
-        self.prefill_coef = nnls(x, np.array([s.seconds for s in prefill]))[0]  # [s, s/token, s/pair, s/ctx token]
+        x = np.array([step_features(np.array(s.query_lens), np.array(s.context_lens)) for s in samples])
+        num_decode, num_prefill = int(x[:, 0].sum()), int(x[:, 1].sum())
+        if num_decode < 3 or num_prefill < 4:
+            raise ValueError(f"samples must hold >= 3 decode-only and >= 4 prefill shapes, got "
+                             f"{num_decode} and {num_prefill}")
+        # [s decode step, s prefill step, s/decode row, s/decode ctx token, s/prefill token, s/pair, s/prefill ctx token]
+        self.coef = nnls(x, np.array([s.seconds for s in samples]))[0]
         self._transfers = transfers
+
+    def step_time(self, query_lens: np.ndarray, context_lens: np.ndarray) -> float:
+        """Fitted seconds of a step of any mix (same arguments as `CostModel.step_time`)."""
+        if len(query_lens) == 0:
+            return 0.0
+        return float(self.coef @ step_features(query_lens, context_lens))
 
     def decode_time(self, context_lens: np.ndarray) -> float:
         """Fitted seconds of a decode step over sequences with `context_lens` (i32[B])."""
-        if len(context_lens) == 0:
-            return 0.0
-        a, b, c = self.decode_coef
-        return float(a + b * len(context_lens) + c * int(context_lens.sum()))
+        return self.step_time(np.ones(len(context_lens), np.int32), context_lens)
 
     def prefill_time(self, query_lens: np.ndarray, context_lens: np.ndarray) -> float:
-        """Fitted seconds of a prefill step (same arguments as `CostModel.prefill_time`)."""
-        if len(query_lens) == 0:
-            return 0.0
-        return float(np.dot(self.prefill_coef, _prefill_features(query_lens, context_lens)))
+        """The same as `step_time` (kept for callers that split decode and prefill)."""
+        return self.step_time(query_lens, context_lens)
 
     def swap_time(self, num_blocks: int) -> float:
         """Roofline PCIe time of `num_blocks` blocks (not profiled)."""
