@@ -3,18 +3,18 @@
 The attention kernels share one structure: a program holds a query tile of `rows` rows, streams
 `block_k` keys per step and keeps a flash-style accumulator. Its resource use follows from that:
 
-- Shared memory (`shared_bytes`), fitted to what Triton allocates (tests/pallas_kernels/
-  test_kernels_compile.py compiles the kernels with Triton's own ptxas and checks the model is an
-  upper bound, tight to one P tile): the query tile, the K/V chunk buffers (one with
-  `num_stages=1`; with software pipelining Triton keeps three chunk buffers), and the P tile
-  feeding the second dot. Tiles without a dot (the one-row decode path) stage no P tile.
-- Registers (`choose_num_warps`): the live f32 accumulator and score tiles plus a K/V chunk per
+- Shared memory (`Tile.shared_bytes`), fitted to what Triton allocates (tests/pallas_kernels/
+  test_kernels_compile.py compiles the kernels with the `triton` package's ptxas and checks the
+  model is an upper bound, tight to one P tile): the query tile, the K/V chunk buffers (one with
+  `num_stages=1`; software pipelining keeps three), and the P tile feeding the second dot. The
+  one-row decode path has no dot: its loads stay in registers and it needs only reduction scratch.
+- Registers (`Tile.num_warps`): the live f32 accumulator and score tiles plus a K/V chunk per
   thread; the fewest warps that keep that at <= 64 words per thread compile without spills at
-  every shape the compile test covers (about 130-230 registers). f32 inputs count double: their
+  every shape the compile test covers (about 64-250 registers). f32 inputs count double: their
   dots run in full precision on the FMA units with operands held in registers.
 - Splits (`choose_num_splits`): enough context splits that the grid fills the GPU at least twice
-  over (two waves), counting the programs each SM holds at once (bounded by shared memory, warps
-  and the 32-program cap), and no more than the chunks in the table.
+  over (two waves), counting the programs each SM holds at once (bounded by shared memory,
+  registers at ~128 per thread, warps and the 32-program cap), at most one split per key chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pallas_kernels.targets import GpuTarget
 
 WARP_CHOICES = (4, 8, 16)
 WORDS_PER_THREAD = 64  # live f32 words per thread that compile without spills (see module docstring)
+REGISTERS_PER_THREAD = 128  # what such tiles compile to (64-250 in the compile table), for residency
 MIN_WAVES = 2
 
 
@@ -40,10 +41,10 @@ class Tile:
 
     def shared_bytes(self, *, block_k: int, num_stages: int) -> int:
         """Upper bound of the shared memory one program needs, in bytes (see the module docstring)."""
+        if not self.dots:
+            return 4096  # loads stay in registers; only the reductions' scratch (256 B per warp)
         buffers = 1 if num_stages == 1 else 3
         kv = buffers * block_k * self.head_dim * self.itemsize
-        if not self.dots:
-            return kv
         # + 256 B: the pipeliner's barriers and the reductions' scratch.
         return (self.rows * self.head_dim + self.rows * block_k) * self.itemsize + kv + 256
 
@@ -59,8 +60,9 @@ class Tile:
 
 
 def resident_programs(target: GpuTarget, *, smem: int, num_warps: int) -> int:
-    """Programs of one kernel an SM holds at once (shared memory, warps and the program cap)."""
-    return max(1, min(target.max_programs_per_sm, target.smem_per_sm // max(smem, 1),
+    """Programs of one kernel an SM holds at once (shared memory, registers, warps, the program cap)."""
+    by_registers = target.regs_per_sm // (REGISTERS_PER_THREAD * 32 * num_warps)
+    return max(1, min(target.max_programs_per_sm, target.smem_per_sm // max(smem, 1), by_registers,
                       target.max_warps_per_sm // num_warps))
 
 

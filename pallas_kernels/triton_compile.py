@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import re
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
-from pallas_kernels.targets import GpuTarget, abstract_gpu
+from pallas_kernels.targets import SUPPORTED, GpuTarget, abstract_gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,3 +150,85 @@ def compile_kernel(kernel: TritonKernel, target: GpuTarget) -> KernelBuild:
 def compile_fn(fn, *shapes, target: GpuTarget) -> list[KernelBuild]:
     """`lower_triton` then `compile_kernel` for each kernel `fn` launches."""
     return [compile_kernel(k, target) for k in lower_triton(fn, *shapes, target=target)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A kernel call at fixed shapes: `fn(*shapes)` is what gets lowered."""
+
+    label: str
+    fn: Callable
+    shapes: tuple[jax.ShapeDtypeStruct, ...]
+
+
+def _sds(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def decode_case(label, *, batch, q_heads, kv_heads, context, block_size=16, head_dim=128, layers=None,
+                dtype=jnp.bfloat16, **knobs) -> Case:
+    """Paged decode over a pool holding every sequence's context (layer-stacked when `layers`)."""
+    from pallas_kernels.paged_attention import paged_attention
+
+    max_blocks = -(-context // block_size)
+    pool = (kv_heads, batch * max_blocks + 1, block_size, head_dim)
+    pool = _sds(*((layers,) if layers else ()), *pool, dtype=dtype)
+    shapes = (_sds(batch, q_heads, head_dim, dtype=dtype), pool, pool, _sds(batch, max_blocks, dtype=jnp.int32),
+              _sds(batch, dtype=jnp.int32)) + ((_sds(dtype=jnp.int32),) if layers else ())
+    return Case(label, functools.partial(paged_attention, scale=head_dim ** -0.5, **knobs), shapes)
+
+
+def prefill_case(label, *, tokens, seqs, q_heads, kv_heads, context, block_size=16, head_dim=128, layers=None,
+                 pool_blocks=None, dtype=jnp.bfloat16, **knobs) -> Case:
+    """Paged prefill of `tokens` query rows over `seqs` sequences of up to `context` tokens."""
+    from pallas_kernels.paged_prefill import paged_prefill_attention
+
+    max_blocks = -(-context // block_size)
+    pool = (kv_heads, pool_blocks or seqs * max_blocks + 1, block_size, head_dim)
+    pool = _sds(*((layers,) if layers else ()), *pool, dtype=dtype)
+    shapes = (_sds(tokens, q_heads, head_dim, dtype=dtype), pool, pool, _sds(seqs, max_blocks, dtype=jnp.int32),
+              _sds(seqs, dtype=jnp.int32), _sds(seqs + 1, dtype=jnp.int32)) + ((_sds(dtype=jnp.int32),) if layers else ())
+    return Case(label, functools.partial(paged_prefill_attention, scale=head_dim ** -0.5, **knobs), shapes)
+
+
+def contiguous_case(label, *, batch, q_heads, kv_heads, context, head_dim=128, dtype=jnp.bfloat16, **knobs) -> Case:
+    """The benchmark's contiguous decode baseline."""
+    from pallas_kernels.contiguous_attention import contiguous_attention
+
+    cache = _sds(batch, kv_heads, context, head_dim, dtype=dtype)
+    shapes = (_sds(batch, q_heads, head_dim, dtype=dtype), cache, cache, _sds(batch, dtype=jnp.int32))
+    return Case(label, functools.partial(contiguous_attention, scale=head_dim ** -0.5, **knobs), shapes)
+
+
+def serving_cases() -> list[Case]:
+    """The kernels at serving shapes, bf16, head_dim 128, block 16, default knobs.
+
+    OPT-13B (40 query / 40 KV heads, 40 layers) and a GQA model (32 / 8, 32 layers), with the
+    runner's layer-stacked pools (large enough to need 64-bit offsets). Decode: batch 32 at
+    context 2048. Prefill: a 512-token chunk alone (context 512), the same chunk after a
+    1536-token cached prefix, and a mixed batch of 31 decode tokens plus a 481-token chunk.
+    """
+    cases = []
+    for model, (hq, hkv, layers) in {"opt13b": (40, 40, 40), "gqa32_8": (32, 8, 32)}.items():
+        pool_blocks = 32 * 128 + 1  # the decode batch's pool: 32 sequences x 2048 tokens
+        cases.append(decode_case(f"decode_{model}_b32_ctx2048", batch=32, q_heads=hq, kv_heads=hkv, context=2048,
+                                 layers=layers))
+        for label, seqs, context in (("prefill512", 1, 512), ("prefill512_prefix1536", 1, 2048),
+                                     ("mixed_31decode_481prefill", 32, 2048)):
+            cases.append(prefill_case(f"{label}_{model}", tokens=512, seqs=seqs, q_heads=hq, kv_heads=hkv,
+                                      context=context, layers=layers, pool_blocks=pool_blocks))
+    cases.append(contiguous_case("contiguous_opt13b_b32_ctx2048", batch=32, q_heads=40, kv_heads=40, context=2048))
+    return cases
+
+
+def main() -> None:
+    """Print the compile table of `serving_cases()` for the supported targets."""
+    print("| case | kernel | target | warps | registers | spilled B | shared B |\n|---|---|---|---|---|---|---|")
+    for case in serving_cases():
+        for target in SUPPORTED:
+            for build in compile_fn(case.fn, *case.shapes, target=target):
+                print(f"| {case.label} {build.row()}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
