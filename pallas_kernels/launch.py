@@ -3,11 +3,12 @@
 The attention kernels share one structure: a program holds a query tile of `rows` rows, streams
 `block_k` keys per step and keeps a flash-style accumulator. Its resource use follows from that:
 
-- Shared memory (`Tile.shared_bytes`), fitted to what Triton allocates (tests/pallas_kernels/
-  test_kernels_compile.py compiles the kernels with the `triton` package's ptxas and checks the
-  model is an upper bound, tight to one P tile): the query tile, the K/V chunk buffers (one with
-  `num_stages=1`; software pipelining keeps three), and the P tile feeding the second dot. The
-  one-row decode path has no dot: its loads stay in registers and it needs only reduction scratch.
+- Shared memory (`Tile.shared_bytes`), fitted to what Triton allocates for sm_80 and sm_90
+  (tests/pallas_kernels/test_kernels_compile.py compiles the kernels with the `triton` package's
+  ptxas and checks the model within 1 KB above the truth): the query tile, the K/V chunk buffers
+  (one with `num_stages=1`; software pipelining keeps three, or four for Hopper's warpgroup dots
+  on >= 64-row tiles), and the P tile feeding the second dot (which warpgroup dots read from
+  registers). The one-row decode path has no dot: its loads stay in registers.
 - Registers (`Tile.num_warps`): the live f32 accumulator and score tiles plus a K/V chunk per
   thread; the fewest warps that keep that at <= 64 words per thread compile without spills at
   every shape the compile test covers (about 64-250 registers). f32 inputs count double: their
@@ -28,6 +29,7 @@ WARP_CHOICES = (4, 8, 16)
 WORDS_PER_THREAD = 64  # live f32 words per thread that compile without spills (see module docstring)
 REGISTERS_PER_THREAD = 128  # what such tiles compile to (64-250 in the compile table), for residency
 MIN_WAVES = 2
+MAX_STAGES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +41,16 @@ class Tile:
     itemsize: int  # bytes per element of q / K / V
     dots: bool = True  # False: the one-row decode path, which multiplies and reduces instead
 
-    def shared_bytes(self, *, block_k: int, num_stages: int) -> int:
-        """Upper bound of the shared memory one program needs, in bytes (see the module docstring)."""
+    def shared_bytes(self, *, block_k: int, num_stages: int, num_warps: int, capability: int) -> int:
+        """The shared memory one program needs on sm_`capability`, in bytes (module docstring)."""
         if not self.dots:
-            return 4096  # loads stay in registers; only the reductions' scratch (256 B per warp)
-        buffers = 1 if num_stages == 1 else 3
-        kv = buffers * block_k * self.head_dim * self.itemsize
+            return 256 * num_warps  # loads stay in registers; only the reductions' scratch
+        wgmma = capability >= 90 and self.rows >= 64  # Hopper's warpgroup dot reads P from registers
+        buffers = 1 if num_stages == 1 else (4 if wgmma else 3)
+        q_tile = self.rows * self.head_dim * self.itemsize
+        p_tile = 0 if wgmma else self.rows * block_k * self.itemsize
         # + 256 B: the pipeliner's barriers and the reductions' scratch.
-        return (self.rows * self.head_dim + self.rows * block_k) * self.itemsize + kv + 256
+        return q_tile + buffers * block_k * self.head_dim * self.itemsize + p_tile + 256
 
     def num_warps(self, *, block_k: int) -> int:
         """Fewest warps that keep the live tiles at <= WORDS_PER_THREAD f32 words per thread."""
@@ -68,10 +72,15 @@ def resident_programs(target: GpuTarget, *, smem: int, num_warps: int) -> int:
 
 def choose_num_splits(target: GpuTarget, *, programs_per_split: int, num_chunks: int, smem: int,
                       num_warps: int) -> int:
-    """Context splits so the grid is >= MIN_WAVES waves of the target, at most one per key chunk."""
+    """Context splits so the grid is >= MIN_WAVES waves of the target, at most one per key chunk.
+
+    Splits hold whole chunks, equally many each (a static `pages_per_split`), so the count is
+    rounded up to the next that divides the chunks evenly: never fewer waves than asked for.
+    """
     slots = target.num_sms * resident_programs(target, smem=smem, num_warps=num_warps)
-    wanted = math.ceil(MIN_WAVES * slots / max(programs_per_split, 1))
-    return max(1, min(wanted, num_chunks))
+    wanted = min(math.ceil(MIN_WAVES * slots / max(programs_per_split, 1)), num_chunks)
+    chunks_per_split = max(1, num_chunks // max(wanted, 1))
+    return math.ceil(num_chunks / chunks_per_split)
 
 
 def check_launch(kernel: str, target: GpuTarget, tile: Tile, *, block_k: int, num_stages: int,
@@ -83,12 +92,15 @@ def check_launch(kernel: str, target: GpuTarget, tile: Tile, *, block_k: int, nu
     """
     if num_warps not in (1, 2, 4, 8, 16, 32) or num_warps > target.max_warps_per_program:
         raise ValueError(f"num_warps: must be a power of two <= {target.max_warps_per_program}, got {num_warps}")
-    if num_stages < 1:
-        raise ValueError(f"num_stages: must be >= 1, got {num_stages}")
-    smem = tile.shared_bytes(block_k=block_k, num_stages=num_stages)
+    if not 1 <= num_stages <= MAX_STAGES:
+        raise ValueError(f"num_stages: must be in [1, {MAX_STAGES}] (the shared-memory model is fitted there), "
+                         f"got {num_stages}")
+    def smem_at(bk: int) -> int:
+        return tile.shared_bytes(block_k=bk, num_stages=num_stages, num_warps=num_warps, capability=target.capability)
+
+    smem = smem_at(block_k)
     if smem > target.smem_per_block:
-        fits = [bk for bk in (16, 32, 64, 128, 256, 512)
-                if tile.shared_bytes(block_k=bk, num_stages=num_stages) <= target.smem_per_block]
+        fits = [bk for bk in (16, 32, 64, 128, 256, 512) if smem_at(bk) <= target.smem_per_block]
         hint = f"the largest that fits is {fits[-1]}" if fits else "no block_k fits: lower num_stages"
         raise ValueError(f"block_k: {kernel} with block_k={block_k}, num_stages={num_stages} needs ~{smem:,} B of "
                          f"shared memory per program; {target.name} ({target.device_kind}) allows "

@@ -91,6 +91,7 @@ def lower_triton(fn, *shapes, target: GpuTarget) -> list[TritonKernel]:
         return result
 
     lowering.lower_jaxpr_to_triton_module = spy
+    jax.clear_caches()  # a cached lowering would skip the spy
     try:
         with abstract_gpu(target):
             text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
