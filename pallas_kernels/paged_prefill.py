@@ -4,7 +4,8 @@ Sequence `s` owns query rows `query_start_loc[s] : query_start_loc[s+1]`; they a
 tokens of its context (their K/V already written into its pages), so query row `i` of `s` sits at
 position `context_lens[s] - q_len + i` and attends causally to positions `<=` its own. One path
 serves a plain prompt, a prompt whose prefix is cached, chunked prefill and recompute after
-preemption. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
+preemption, and a mixed batch in which decode sequences (one query each) ride along with long
+chunks. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
 Pools are one layer `[Hkv, N, Bs, D]`, or a layer stack `[L, Hkv, N, Bs, D]` read in place at `layer`.
 
 `paged_prefill_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The
@@ -13,10 +14,12 @@ sequences) and gathers them into a dense `[tiles, Hkv, block_q * Gp, D]` array, 
 (token, query head of the group). The grid runs over (tile, KV head); each program streams the
 sequence's pages up to its last query position through the block table with a flash-style online
 softmax, so K/V are read once per group. Tiles past the real ones are empty and loop zero times.
-The wrapper scatters tile rows back to token order.
+The wrapper scatters tile rows back to token order. Tiles default to 64 rows (a longer chunk
+re-reads its sequence's K/V once per tile); a decode sequence costs one tile per KV head.
 
-`paged_prefill_attention_reference` is the plain-jnp version; it is also the XLA path used on CPU.
-`select_impl(backend)` picks one of the two.
+`paged_prefill_attention_reference` is the plain-jnp oracle (a scan over sequences);
+`paged_prefill_attention_xla` the XLA path used on CPU (the kernel's tile plan, vectorised).
+`select_impl(backend)` picks the XLA path or the kernel.
 """
 
 from __future__ import annotations

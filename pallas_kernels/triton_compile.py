@@ -57,7 +57,8 @@ class KernelBuild:
 
     def row(self) -> str:
         """One markdown table row."""
-        return (f"| {self.name} | {self.target} | {self.num_warps} | {self.registers} | {self.spill_bytes} "
+        grid = " x ".join(map(str, self.grid))
+        return (f"| {self.name} | {self.target} | {grid} | {self.num_warps} | {self.registers} | {self.spill_bytes} "
                 f"| {self.shared_bytes:,} |")
 
 
@@ -224,7 +225,8 @@ def serving_cases() -> list[Case]:
 
 def main() -> None:
     """Print the compile table of `serving_cases()` for the supported targets."""
-    print("| case | kernel | target | warps | registers | spilled B | shared B |\n|---|---|---|---|---|---|---|")
+    print("| case | kernel | target | grid | warps | registers | spilled B | shared B |\n"
+          "|---|---|---|---|---|---|---|---|")
     for case in serving_cases():
         for target in SUPPORTED:
             for build in compile_fn(case.fn, *case.shapes, target=target):
