@@ -5,14 +5,16 @@ The attention kernels share one structure: a program holds a query tile of `rows
 
 - Shared memory (`Tile.shared_bytes`), fitted to what Triton allocates for sm_80 and sm_90
   (tests/pallas_kernels/test_kernels_compile.py compiles the kernels with the `triton` package's
-  ptxas and checks the model within 1 KB above the truth): the query tile, the K/V chunk buffers
+  ptxas and checks the model is never below the truth and at most one P tile + 1 KB above it):
+  the query tile, the K/V chunk buffers
   (one with `num_stages=1`; software pipelining keeps three, or four for Hopper's warpgroup dots
   on >= 64-row tiles), and the P tile feeding the second dot (which warpgroup dots read from
   registers). The one-row decode path has no dot: its loads stay in registers.
 - Registers (`Tile.num_warps`): the live f32 accumulator and score tiles plus a K/V chunk per
   thread; the fewest warps that keep that at <= 64 words per thread compile without spills at
-  every shape the compile test covers (about 64-250 registers). f32 inputs count double: their
-  dots run in full precision on the FMA units with operands held in registers.
+  every bf16/f16 shape the compile test covers (about 64-250 registers). f32 inputs (the GPU
+  correctness tests) count double: their dots run in full precision on the FMA units with the
+  operands in registers.
 - Splits (`choose_num_splits`): enough context splits that the grid fills the GPU at least twice
   over (two waves), counting the programs each SM holds at once (bounded by shared memory,
   registers at ~128 per thread, warps and the 32-program cap), at most one split per key chunk.
