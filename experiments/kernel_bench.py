@@ -183,6 +183,9 @@ def _point(config: KernelBenchConfig, on_gpu: bool, batch: int, context_len: int
            "contiguous_us": contiguous_us}
     if on_gpu and config.peer:
         row["jax_peer_us"] = peer_us[0] if peer_us else None  # None: its shape rules reject this point
+        if peer:  # the same attention, or the comparison means nothing
+            diff = jnp.abs(peer().astype(jnp.float32) - fns[0]().astype(jnp.float32))
+            row["jax_peer_max_abs_diff"] = float(jnp.max(diff))
     row["paged_over_contiguous"] = paged_us / contiguous_us
     # Every byte a decode step must read or write: each live K and V row, q, the output, and (paged
     # only) the block tables; context lengths for both. Split-K partials are the kernels' own
