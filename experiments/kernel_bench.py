@@ -59,8 +59,8 @@ class PallasKnobs:
     """Tuning knobs of the Pallas kernels; `block_k` also sets the XLA paths' chunk."""
 
     block_k: int = 64  # key tokens per inner step / XLA scan step (power of two >= 16)
-    num_splits: int = 4  # context splits per (sequence, KV head)
-    num_warps: int = 4
+    num_splits: int | None = None  # context splits per (sequence, KV head); None: two waves of the GPU
+    num_warps: int | None = None  # None: chosen from the tile (pallas_kernels.launch)
     num_stages: int = 2
 
 
@@ -68,6 +68,7 @@ class PallasKnobs:
 class KernelBenchConfig:
     """The sweep (Fig. 18a: batch 8 and 32, context 64..2048) and per-device shapes."""
 
+    first_point: list[int] = dataclasses.field(default_factory=list)  # [batch, context, block] timed first
     batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [8, 32])
     context_lens: list[int] = dataclasses.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
     block_sizes: list[int] = dataclasses.field(default_factory=lambda: [8, 16, 32, 64])
@@ -88,6 +89,14 @@ class KernelBenchConfig:
                 raise ValueError(f"{name} must be a non-empty list of positive ints, got {values}")
         if any(b & (b - 1) for b in self.block_sizes):
             raise ValueError(f"block_sizes must be powers of two, got {self.block_sizes}")
+        if self.first_point and (len(self.first_point) != 3 or min(self.first_point) < 1):
+            raise ValueError(f"first_point must be [] or [batch, context_len, block_size] >= 1, got {self.first_point}")
+
+    def points(self) -> list[tuple[int, int, int]]:
+        """The sweep's (batch, context_len, block_size) points, `first_point` first."""
+        sweep = [(b, c, bs) for b in self.batch_sizes for c in self.context_lens for bs in self.block_sizes]
+        first = [tuple(self.first_point)] if self.first_point else []
+        return first + [p for p in sweep if p not in first]
 
 
 def _time_us(*fns: Callable[[], jax.Array], repeats: int, trials: int) -> list[float]:
@@ -129,24 +138,34 @@ def _peer_fn(q, k_pages, v_pages, tables, lens, scale):
     pages_per_block = min(8, max_blocks // k_splits)
     if max_blocks % k_splits or block_size * pages_per_block < 16:
         return None
-    fn = jax.jit(functools.partial(jax_paged.paged_attention, k_splits=k_splits,
-                                   pages_per_compute_block=pages_per_block))
-    return lambda: fn(q * scale, k_pages, v_pages, tables, lens)  # it applies no softmax scale
+
+    @jax.jit
+    def peer(q, k_pages, v_pages, tables, lens):
+        # It applies no softmax scale: scaling q inside the same jit fuses it, as ours is.
+        return jax_paged.paged_attention(q * jnp.asarray(scale, q.dtype), k_pages, v_pages, tables, lens,
+                                         k_splits=k_splits, pages_per_compute_block=pages_per_block)
+
+    return lambda: peer(q, k_pages, v_pages, tables, lens)
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _normal(key, shape, dtype):
+    """Random normal values made on the device (no host copy of a GB-sized pool)."""
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
 def _point(config: KernelBenchConfig, on_gpu: bool, batch: int, context_len: int, block_size: int) -> dict:
-    """Time one (batch, context, block size) point; returns its result row."""
+    """Time one (batch, context length, block size) point; returns its result row."""
     prof = config.gpu if on_gpu else config.cpu
     dtype = jnp.dtype(prof.dtype)
-    rng = np.random.default_rng([config.seed, batch, context_len, block_size])
+    keys = jax.random.split(jax.random.key(hash((config.seed, batch, context_len, block_size)) % 2**31), 6)
     max_blocks = -(-context_len // block_size)
     num_blocks = batch * max_blocks + 1  # + the reserved block 0
     shape = (prof.num_kv_heads, num_blocks, block_size, prof.head_dim)
-    k_pages = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-    v_pages = jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-    tables = jnp.asarray(rng.permutation(np.arange(1, num_blocks)).reshape(batch, max_blocks).astype(np.int32))
+    k_pages, v_pages = _normal(keys[0], shape, dtype), _normal(keys[1], shape, dtype)
+    tables = (jax.random.permutation(keys[2], num_blocks - 1) + 1).astype(jnp.int32).reshape(batch, max_blocks)
     lens = jnp.full((batch,), context_len, jnp.int32)
-    q = jnp.asarray(rng.standard_normal((batch, prof.num_q_heads, prof.head_dim), np.float32), dtype)
+    q = _normal(keys[3], (batch, prof.num_q_heads, prof.head_dim), dtype)
     scale = prof.head_dim ** -0.5
     knobs = dataclasses.asdict(config.pallas)
     if on_gpu:
@@ -154,8 +173,7 @@ def _point(config: KernelBenchConfig, on_gpu: bool, batch: int, context_len: int
     else:
         paged = functools.partial(paged_attention_xla, scale=scale, block_k=config.pallas.block_k)
     cache_shape = (batch, prof.num_kv_heads, max_blocks * block_size, prof.head_dim)
-    k = jnp.asarray(rng.standard_normal(cache_shape, np.float32), dtype)
-    v = jnp.asarray(rng.standard_normal(cache_shape, np.float32), dtype)
+    k, v = _normal(keys[4], cache_shape, dtype), _normal(keys[5], cache_shape, dtype)
     if on_gpu:
         contiguous = jax.jit(functools.partial(contiguous_attention, scale=scale, **knobs))
     else:
@@ -168,11 +186,19 @@ def _point(config: KernelBenchConfig, on_gpu: bool, batch: int, context_len: int
            "contiguous_us": contiguous_us}
     if on_gpu and config.peer:
         row["jax_peer_us"] = peer_us[0] if peer_us else None  # None: its shape rules reject this point
+        if peer:  # the same attention, or the comparison means nothing
+            diff = jnp.abs(peer().astype(jnp.float32) - fns[0]().astype(jnp.float32))
+            row["jax_peer_max_abs_diff"] = float(jnp.max(diff))
     row["paged_over_contiguous"] = paged_us / contiguous_us
-    # Bytes a decode step must move: every live K and V row once, plus q in and out back.
-    row["bytes_moved"] = int(2 * batch * context_len * prof.num_kv_heads * prof.head_dim * dtype.itemsize
-                             + 2 * batch * prof.num_q_heads * prof.head_dim * dtype.itemsize)
+    # Every byte a decode step must read or write: each live K and V row, q, the output, and (paged
+    # only) the block tables; context lengths for both. Split-K partials are the kernels' own
+    # overhead and are not counted, so GB/s compares implementations at equal useful work.
+    kv = 2 * batch * context_len * prof.num_kv_heads * prof.head_dim * dtype.itemsize
+    q_and_out = 2 * batch * prof.num_q_heads * prof.head_dim * dtype.itemsize
+    row["contiguous_bytes_moved"] = int(kv + q_and_out + lens.nbytes)
+    row["bytes_moved"] = int(row["contiguous_bytes_moved"] + tables.nbytes)
     row["paged_gbps"] = row["bytes_moved"] / (paged_us * 1e-6) / 1e9
+    row["contiguous_gbps"] = row["contiguous_bytes_moved"] / (contiguous_us * 1e-6) / 1e9
     return row
 
 
@@ -249,7 +275,7 @@ def run(config: KernelBenchConfig, resume: bool = False) -> dict:
     backend = "pallas-triton" if on_gpu else "xla"
     out_path = REPO_ROOT / config.output
     prov = provenance(config, seed=config.seed, device=device)
-    points = [(b, c, bs) for b in config.batch_sizes for c in config.context_lens for bs in config.block_sizes]
+    points = config.points()  # `first_point` first (gpu_check: the target point before the sweep)
     rows = reusable_rows(out_path, prov, set(points)) if resume else []
     if resume:
         print(f"kernel_bench: reused {len(rows)} of {len(points)} rows from {out_path} (--resume)")

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from jpaged.models.presets import get_preset, preset_names
+from pallas_kernels.backends import BACKEND_NAMES, BackendName
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ class ModelConfig:
 
     name: str = "tiny-opt"  # preset name (jpaged.models.presets), e.g. opt-13b, llama-7b, tiny-llama
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter and KV cache dtype
-    attention_backend: Literal["auto", "pallas", "xla"] = "auto"  # auto: Pallas on GPU, XLA on CPU
+    attention_backend: BackendName = "auto"  # pallas_kernels.backends; auto: Pallas on GPU, XLA on CPU
     checkpoint: str | None = None  # local orbax checkpoint dir; None = dummy (random, seeded) weights
     seed: int = 0  # seed of dummy weights
     tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
@@ -84,8 +85,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(self.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
                f"must be float32, bfloat16 or float16, got {self.dtype!r}")
-        _check(self.attention_backend in ("auto", "pallas", "xla"), "model.attention_backend",
-               f"must be auto, pallas or xla, got {self.attention_backend!r}")
+        _check(self.attention_backend in BACKEND_NAMES, "model.attention_backend",
+               f"must be one of {list(BACKEND_NAMES)}, got {self.attention_backend!r}")
         _check(self.tensor_parallel_size >= 1, "model.tensor_parallel_size",
                f"must be >= 1, got {self.tensor_parallel_size}")
         if self.name in preset_names():  # other names are checked once the checkpoint's spec is read

@@ -8,9 +8,13 @@ function and `write_kv` takes one layer's pool `[Hkv, N, Bs, D]`, or the layer-s
   `paged_attention_reference` (plain gather + softmax, the oracle), `paged_attention_xla` (chunk-
   streamed XLA path used on CPU), `select_impl(backend)`.
 - paged_prefill: ragged query chunks, causal with the cached-context offset (prompts, prefix-cache
-  hits, chunked prefill, recompute). `paged_prefill_attention`, `paged_prefill_attention_reference`
-  (also the XLA path), `select_impl(backend)`.
+  hits, chunked prefill, recompute, mixed prefill + decode batches). `paged_prefill_attention`,
+  `paged_prefill_attention_reference`, `paged_prefill_attention_xla`, `select_impl(backend)`.
 - cache_ops: `write_kv`, `copy_blocks`, `gather_blocks`, `scatter_blocks`; in place via donation.
 - contiguous_attention: the non-paged baseline of experiments/kernel_bench.py.
-- common: Triton compiler params and shape rules, the shared online-softmax step.
+- backends: the one registry of backend names (`xla`, `pallas_triton`, alias `pallas`, `auto`).
+- targets: GPU limits (A100 sm_80, H100 sm_90, ...), the target a trace is for, `abstract_gpu`.
+- launch: launch shapes chosen per call (splits, warps) and knobs checked against the target.
+- triton_compile: Triton IR -> cubin with the `triton` package, without a GPU (tests, tables).
+- common: Triton shape rules, the shared online-softmax step, split-K partials.
 """

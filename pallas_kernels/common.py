@@ -1,20 +1,21 @@
-"""Pieces shared by the kernels: Triton compiler params, Triton shape rules, backend selection,
-layer-stacked pool access, the online-softmax steps.
+"""Pieces shared by the kernels: Triton shape rules, layer-stacked pool access, the online-softmax
+steps, split-K partials.
 
-The GPU kernels target the Pallas Triton lowering (A100, H100/H200). jax >= 0.10 lowers a
-`pallas_call` without compiler params to Mosaic GPU, so every call passes Triton's params
-explicitly. Triton needs power-of-two tensor sizes and at least 16 rows/columns per dot operand;
-`check_tile` enforces that in the wrappers, so a kernel that passes in interpret mode also lowers.
+The GPU kernels target the Pallas Triton lowering (A100, H100/H200; `backends` names the
+backends and builds their compiler params). Triton needs power-of-two tensor sizes and at least
+16 rows/columns per dot operand; `check_tile` enforces that in the wrappers, so a kernel that
+passes in interpret mode also lowers. `launch` chooses launch shapes and checks them against the
+target GPU's limits.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+
+from pallas_kernels.backends import resolve_backend  # noqa: F401  (jpaged/models/runner.py imports it from here)
 
 # Finite stand-in for -inf in masked scores: exp(MASK_VALUE - m) underflows to exactly 0 without
 # creating inf - inf = NaN when a whole row is masked.
@@ -22,25 +23,6 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 # Triton's dot (mma) needs at least this many rows, columns and contraction elements.
 MIN_DOT_DIM = 16
-
-Backend = Literal["auto", "pallas", "xla"]
-
-
-def triton_compiler_params(*, num_warps: int, num_stages: int):
-    """Triton compiler params under the name of the installed jax.
-
-    jax 0.10/0.11 spell it `jax.experimental.pallas.triton.CompilerParams`; older releases
-    `jax.experimental.pallas.gpu.TritonCompilerParams`.
-    """
-    try:
-        from jax.experimental.pallas import triton as pltriton
-
-        params_cls = pltriton.CompilerParams
-    except (ImportError, AttributeError):
-        from jax.experimental.pallas import gpu as plgpu
-
-        params_cls = plgpu.TritonCompilerParams
-    return params_cls(num_warps=num_warps, num_stages=num_stages)
 
 
 def is_power_of_2(n: int) -> bool:
@@ -53,6 +35,12 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def decode_rows(group: int) -> int:
+    """Query rows a decode program holds for a GQA group: 1 without GQA (no dot, see
+    `online_softmax_step`), else the group padded to a power of two >= 16 for Triton's dot."""
+    return 1 if group == 1 else max(MIN_DOT_DIM, next_power_of_2(group))
+
+
 def check_tile(name: str, value: int, *, minimum: int = 1) -> None:
     """Raise ValueError unless `value` is a power of two >= `minimum` (a Triton tile rule)."""
     if not is_power_of_2(value) or value < minimum:
@@ -63,18 +51,6 @@ def check_knob(name: str, value: int, *, minimum: int = 1) -> None:
     """Raise ValueError unless the integer tuning knob `value` is >= `minimum`."""
     if value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-
-
-def resolve_backend(backend: Backend) -> Literal["pallas", "xla"]:
-    """`auto` picks the Pallas kernels on GPU and the XLA (plain jnp) path elsewhere.
-
-    On CPU the Pallas kernels only run in interpret mode, which is far slower than XLA.
-    """
-    if backend == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
-    if backend not in ("pallas", "xla"):
-        raise ValueError(f"backend: must be 'auto', 'pallas' or 'xla', got {backend!r}")
-    return backend
 
 
 def check_query_and_pools(q, k_pages, v_pages, layer, rows: str):
@@ -148,38 +124,52 @@ def init_softmax_state(rows: int, head_dim: int):
             jnp.zeros((rows,), jnp.float32))
 
 
+def _scores(q, k):
+    """q [R, D] . k [C, D]^T -> f32[R, C]. One row multiplies and reduces: a dot needs 16 rows."""
+    if q.shape[0] == 1:
+        return jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1)[None, :]
+    return jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=dot_precision(q.dtype),
+                               preferred_element_type=jnp.float32)
+
+
+def _weighted_values(p, v):
+    """p f32[R, C] @ v [C, D] -> f32[R, D], with p rounded to v's dtype for the dot."""
+    if p.shape[0] == 1:
+        # p.sum(axis=0) drops the unit row axis ([C]); Triton's lowering has reductions, not squeezes.
+        return jnp.sum(p.sum(axis=0)[:, None] * v.astype(jnp.float32), axis=0)[None, :]
+    return jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=dot_precision(v.dtype),
+                               preferred_element_type=jnp.float32)
+
+
 def online_softmax_step(state, q, k, v, allowed, key_valid, *, scale: float):
     """Fold one chunk of keys into the running softmax state (inside a kernel body).
 
     q [R, D], k and v [C, D], allowed bool[R, C] (or broadcastable), key_valid bool[C]: keys that
     hold live tokens. Stale slots may hold NaN, so V rows of invalid keys are zeroed before P @ V:
-    a zero probability alone would still give 0 * NaN = NaN.
+    a zero probability alone would still give 0 * NaN = NaN. One query row (R = 1, decode without
+    GQA) runs on the vector units instead of padding the row to a 16-row dot.
     """
     acc, m, l = state  # f32[R, D], f32[R], f32[R]
-    precision = dot_precision(q.dtype)
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                            preferred_element_type=jnp.float32) * scale  # [R, C]
+    s = _scores(q, k) * scale  # [R, C]
     s = jnp.where(allowed, s, MASK_VALUE)
     v = jnp.where(key_valid[:, None], v, jnp.zeros_like(v))
     m_next = jnp.maximum(m, s.max(axis=1))
     correction = jnp.exp(m - m_next)
     p = jnp.exp(s - m_next[:, None])  # [R, C]
-    pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-                             preferred_element_type=jnp.float32)  # [R, D]
-    return acc * correction[:, None] + pv, m_next, l * correction + p.sum(axis=1)
+    return acc * correction[:, None] + _weighted_values(p, v), m_next, l * correction + p.sum(axis=1)
 
 
-def split_partials(batch: int, num_kv_heads: int, splits: int, group_pad: int, head_dim: int):
+def split_partials(batch: int, num_kv_heads: int, splits: int, rows: int, head_dim: int):
     """(out_specs, out_shape) of a split-K decode kernel's partials, for the (b, h, s) grid.
 
-    Each program writes its unnormalised output f32[Gp, D], running max f32[Gp] and denominator
-    f32[Gp] at [b, h, s]; `combine_splits` merges them.
+    Each program writes its unnormalised output f32[R, D], running max f32[R] and denominator
+    f32[R] at [b, h, s]; `combine_splits` merges them.
     """
-    full = (batch, num_kv_heads, splits, group_pad)
+    full = (batch, num_kv_heads, splits, rows)
     out_specs = [
-        pl.BlockSpec((None, None, None, group_pad, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
-        pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
-        pl.BlockSpec((None, None, None, group_pad), lambda b, h, s: (b, h, s, 0)),
+        pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, s: (b, h, s, 0, 0)),
+        pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
+        pl.BlockSpec((None, None, None, rows), lambda b, h, s: (b, h, s, 0)),
     ]
     out_shape = [jax.ShapeDtypeStruct(full + (head_dim,), jnp.float32), jax.ShapeDtypeStruct(full, jnp.float32),
                  jax.ShapeDtypeStruct(full, jnp.float32)]
@@ -187,15 +177,15 @@ def split_partials(batch: int, num_kv_heads: int, splits: int, group_pad: int, h
 
 
 def combine_splits(
-    o: jax.Array,  # f32[B, Hkv, S, Gp, D]
-    m: jax.Array,  # f32[B, Hkv, S, Gp]
-    l: jax.Array,  # f32[B, Hkv, S, Gp]
-) -> jax.Array:  # f32[B, Hkv, Gp, D]
+    o: jax.Array,  # f32[B, Hkv, S, R, D]
+    m: jax.Array,  # f32[B, Hkv, S, R]
+    l: jax.Array,  # f32[B, Hkv, S, R]
+) -> jax.Array:  # f32[B, Hkv, R, D]
     """Merge per-split softmax partials; empty splits (m = MASK_VALUE, l = 0) weigh exactly 0."""
-    m_all = m.max(axis=2, keepdims=True)  # [B, Hkv, 1, Gp]
-    weight = jnp.exp(m - m_all)  # [B, Hkv, S, Gp]
-    denom = (weight * l).sum(axis=2)  # [B, Hkv, Gp]
-    out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, Gp, D]
+    m_all = m.max(axis=2, keepdims=True)  # [B, Hkv, 1, R]
+    weight = jnp.exp(m - m_all)  # [B, Hkv, S, R]
+    denom = (weight * l).sum(axis=2)  # [B, Hkv, R]
+    out = (weight[..., None] * o).sum(axis=2)  # [B, Hkv, R, D]
     # Padded sequences (length 0) have denom 0 and o 0: their output is 0.
     return out / jnp.where(denom > 0, denom, 1.0)[..., None]
 

@@ -14,11 +14,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels import launch
+from pallas_kernels.backends import PALLAS_TRITON
 from pallas_kernels.common import (
-    MIN_DOT_DIM, check_knob, check_tile, combine_splits, init_softmax_state, next_power_of_2,
-    online_softmax_step, split_partials, triton_compiler_params, xla_softmax_finish, xla_softmax_init,
-    xla_softmax_step,
+    MIN_DOT_DIM, check_knob, check_tile, combine_splits, decode_rows, init_softmax_state, online_softmax_step,
+    split_partials, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
+from pallas_kernels.targets import current_target
 
 
 def _check_shapes(q, k, v, context_lens) -> None:
@@ -95,12 +97,12 @@ def contiguous_attention_xla(
 
 def _contiguous_kernel(
     lens_ref,  # i32[1]
-    q_ref,  # [Gp, D]
+    q_ref,  # [R, D]: the query heads of this KV head (R = 1, or the group padded to >= 16 rows)
     k_ref,  # [L, D]: this sequence's K region for this KV head
     v_ref,  # [L, D]
-    o_ref,  # f32[Gp, D]
-    m_ref,  # f32[Gp]
-    l_ref,  # f32[Gp]
+    o_ref,  # f32[R, D]
+    m_ref,  # f32[R]
+    l_ref,  # f32[R]
     *,
     scale: float,
     block_k: int,
@@ -135,43 +137,54 @@ def contiguous_attention(
     *,
     scale: float,
     block_k: int = 64,
-    num_splits: int = 4,
-    num_warps: int = 4,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [B, Hq, D]
-    """Pallas decode attention over a contiguous cache; `max_len` must be a multiple of `block_k`."""
+    """Pallas decode attention over a contiguous cache; `max_len` must be a multiple of `block_k`.
+
+    Knobs as `paged_attention`'s, launch shapes chosen and limits checked the same way.
+    """
     _check_shapes(q, k, v, context_lens)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, max_len = k.shape[1], k.shape[2]
     check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
     check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
-    check_knob("num_splits", num_splits)
     if max_len % block_k:
         raise ValueError(f"k: max_len {max_len} must be a multiple of block_k {block_k}")
     group = num_q_heads // num_kv_heads
-    group_pad = max(MIN_DOT_DIM, next_power_of_2(group))
+    rows = decode_rows(group)
+    tile = launch.Tile(rows, head_dim, k.dtype.itemsize, dots=rows > 1)
+    target = current_target()
+    num_warps = num_warps or tile.num_warps(block_k=block_k)
+    smem = launch.check_launch("contiguous decode attention", target, tile, block_k=block_k, num_stages=num_stages,
+                               num_warps=num_warps)
     num_chunks = max_len // block_k
-    splits = min(num_splits, num_chunks)
-    chunks_per_split = pl.cdiv(num_chunks, splits)
+    if num_splits is None:
+        num_splits = launch.choose_num_splits(target, programs_per_split=batch * num_kv_heads,
+                                              num_chunks=num_chunks, smem=smem, num_warps=num_warps)
+    check_knob("num_splits", num_splits)
+    chunks_per_split = pl.cdiv(num_chunks, min(num_splits, num_chunks))
+    splits = pl.cdiv(num_chunks, chunks_per_split)
     lens = jnp.minimum(context_lens, max_len)
     qg = q.reshape(batch, num_kv_heads, group, head_dim)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - group), (0, 0)))  # [B, Hkv, R, D]
 
     cache_spec = pl.BlockSpec((None, None, max_len, head_dim), lambda b, h, s: (b, h, 0, 0))
-    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, group_pad, head_dim)
+    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, rows, head_dim)
     o, m, l = pl.pallas_call(
         functools.partial(_contiguous_kernel, scale=scale, block_k=block_k, chunks_per_split=chunks_per_split),
         grid=(batch, num_kv_heads, splits),
         in_specs=[
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
-            pl.BlockSpec((None, None, group_pad, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
             cache_spec,
             cache_spec,
         ],
         out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=PALLAS_TRITON.compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="contiguous_decode_attention",
     )(lens, qg, k, v)

@@ -10,8 +10,10 @@ A padded sequence has `context_lens[b] == 0` and its output is zeros.
 
 `paged_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The grid runs
 over (sequence, KV head, split): one program serves all query heads of its KV head, so each K/V
-page is read once per group, and the context is split so that short batches still fill the GPU.
-Each split keeps a flash-style running max / sum and writes an unnormalised partial output; the
+page is read once per group, and the context is split so that short batches still fill the GPU
+(by default into enough splits for two waves of the target GPU, `launch.choose_num_splits`).
+Without GQA the program holds a single query row and runs on the vector units; a dot would pad it
+to 16 rows and write 16x the partials. Each split keeps a flash-style running max / sum and writes an unnormalised partial output; the
 partials are combined after the kernel. Splits past a sequence's length run zero loop iterations.
 
 `paged_attention_reference` is the plain-jnp gather + softmax, the oracle. `paged_attention_xla` is
@@ -28,11 +30,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels import launch
+from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_int32, check_knob, check_query_and_pools, check_tile, combine_splits,
-    gather_pages, init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend, split_partials,
-    triton_compiler_params, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, combine_splits, decode_rows,
+    gather_pages, init_softmax_state, online_softmax_step, split_partials, xla_softmax_finish, xla_softmax_init,
+    xla_softmax_step,
 )
+from pallas_kernels.targets import current_target
 
 
 def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer):
@@ -133,12 +138,12 @@ def _decode_kernel(
     layer_ref,  # i32[1]: the layer of the stacked pool to read
     lens_ref,  # i32[1]: context length of this program's sequence
     tables_ref,  # i32[pages_per_split]: this split's slice of the sequence's block table
-    q_ref,  # [Gp, D]: the query heads of this KV head (rows >= G are zero padding)
+    q_ref,  # [R, D]: the query heads of this KV head (R = 1, or the group zero-padded to >= 16 rows)
     k_ref,  # [L, N, Bs, D]: this KV head's K pool, all layers
     v_ref,  # [L, N, Bs, D]: this KV head's V pool, all layers
-    o_ref,  # f32[Gp, D]: unnormalised partial output of this split
-    m_ref,  # f32[Gp]: running max of this split's scores
-    l_ref,  # f32[Gp]: softmax denominator of this split
+    o_ref,  # f32[R, D]: unnormalised partial output of this split
+    m_ref,  # f32[R]: running max of this split's scores
+    l_ref,  # f32[R]: softmax denominator of this split
     *,
     scale: float,
     pages_per_chunk: int,
@@ -150,7 +155,7 @@ def _decode_kernel(
     first_page = pl.program_id(2) * pages_per_split
     # Pages of this split that hold tokens; 0 for an empty split, which then skips the loop.
     num_pages = jnp.clip(pl.cdiv(length, block_size) - first_page, 0, pages_per_split)
-    q = q_ref[...]  # [Gp, D]
+    q = q_ref[...]  # [R, D]
 
     def body(c, state):
         ids = tables_ref[pl.ds(c * pages_per_chunk, pages_per_chunk)]  # i32[P]
@@ -180,16 +185,18 @@ def paged_attention(
     *,
     scale: float,
     block_k: int = 64,
-    num_splits: int = 4,
-    num_warps: int = 4,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [B, Hq, D]
     """Pallas paged decode attention (see the module docstring); same contract as the reference.
 
     Knobs: `block_k` tokens per inner step (rounded up to whole blocks; a power of two >= 16),
-    `num_splits` context splits per (sequence, KV head) (capped by the number of steps),
-    `num_warps` / `num_stages` Triton's. `interpret=True` runs the kernel on CPU.
+    `num_splits` context splits per (sequence, KV head) (None: enough for two waves of the target
+    GPU; capped by the number of steps), `num_warps` (None: from the tile, see `launch`) and
+    `num_stages` Triton's. Knobs beyond the target GPU's limits raise ValueError naming the knob.
+    `interpret=True` runs the kernel on CPU.
     """
     k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
@@ -198,26 +205,35 @@ def paged_attention(
     check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
     check_tile("block_size", block_size)
     check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
-    check_knob("num_splits", num_splits)
     pages_per_chunk = max(1, block_k // block_size)
     group = num_q_heads // num_kv_heads
-    group_pad = max(MIN_DOT_DIM, next_power_of_2(group))  # Triton's dot needs >= 16 rows
+    rows = decode_rows(group)
+    tile = launch.Tile(rows, head_dim, k_pages.dtype.itemsize, dots=rows > 1)
+    target = current_target()
+    num_warps = num_warps or tile.num_warps(block_k=pages_per_chunk * block_size)
+    smem = launch.check_launch("paged decode attention", target, tile, block_k=pages_per_chunk * block_size,
+                               num_stages=num_stages, num_warps=num_warps)
 
     num_chunks = pl.cdiv(max_blocks, pages_per_chunk)
-    splits = min(num_splits, num_chunks)
-    pages_per_split = pages_per_chunk * pl.cdiv(num_chunks, splits)
+    if num_splits is None:
+        num_splits = launch.choose_num_splits(target, programs_per_split=batch * num_kv_heads,
+                                              num_chunks=num_chunks, smem=smem, num_warps=num_warps)
+    check_knob("num_splits", num_splits)
+    chunks_per_split = pl.cdiv(num_chunks, min(num_splits, num_chunks))
+    splits = pl.cdiv(num_chunks, chunks_per_split)  # no split left without a chunk
+    pages_per_split = pages_per_chunk * chunks_per_split
     # Pad the table with block 0 so every chunk load stays inside it; padded pages are masked.
     tables = jnp.pad(block_tables, ((0, 0), (0, splits * pages_per_split - max_blocks)))
     tables = tables.reshape(batch, splits, pages_per_split)  # i32[B, S, pages_per_split]
     # A length past the table would count padded block-0 slots as context.
     lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[B]
     qg = q.reshape(batch, num_kv_heads, group, head_dim)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [B, Hkv, Gp, D]
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, rows - group), (0, 0)))  # [B, Hkv, R, D]
 
     # A program sees its KV head's pages of every layer and picks the layer itself: a BlockSpec
     # index map cannot read the (traced) layer under the Triton lowering.
     pool_spec = pl.BlockSpec((num_layers, None, num_blocks, block_size, head_dim), lambda b, h, s: (0, h, 0, 0, 0))
-    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, group_pad, head_dim)
+    out_specs, out_shape = split_partials(batch, num_kv_heads, splits, rows, head_dim)
     o, m, l = pl.pallas_call(
         functools.partial(_decode_kernel, scale=scale, pages_per_chunk=pages_per_chunk),
         grid=(batch, num_kv_heads, splits),
@@ -225,26 +241,27 @@ def paged_attention(
             pl.BlockSpec((1,), lambda b, h, s: (0,)),
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, None, pages_per_split), lambda b, h, s: (b, s, 0)),
-            pl.BlockSpec((None, None, group_pad, head_dim), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (b, h, 0, 0)),
             pool_spec,
             pool_spec,
         ],
         out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=PALLAS_TRITON.compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_decode_attention",
     )(layer.reshape(1), lens, tables, qg, k_pages, v_pages)
     return combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
 
 
-def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
-    """The decode attention function for `backend` ('auto' | 'pallas' | 'xla').
+IMPLS = {"xla": paged_attention_xla, "pallas_triton": paged_attention}
+
+
+def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):
+    """The decode attention function for `backend` (a name from `pallas_kernels.backends`).
 
     Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, layer=None, *, scale)`: `paged_attention_xla` or the Pallas kernel with `interpret` and its
-    knobs bound.
+    context_lens, layer=None, *, scale)`: `paged_attention_xla`, or a Pallas kernel with
+    `interpret` and its knobs bound.
     """
-    if resolve_backend(backend) == "xla":
-        return paged_attention_xla
-    return functools.partial(paged_attention, interpret=interpret, **knobs)
+    return bind_impl(IMPLS, backend, "paged decode attention", interpret=interpret, **knobs)

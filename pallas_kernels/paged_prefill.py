@@ -4,7 +4,8 @@ Sequence `s` owns query rows `query_start_loc[s] : query_start_loc[s+1]`; they a
 tokens of its context (their K/V already written into its pages), so query row `i` of `s` sits at
 position `context_lens[s] - q_len + i` and attends causally to positions `<=` its own. One path
 serves a plain prompt, a prompt whose prefix is cached, chunked prefill and recompute after
-preemption. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
+preemption, and a mixed batch in which decode sequences (one query each) ride along with long
+chunks. Rows at or past `query_start_loc[S]` belong to no sequence and come out as zeros.
 Pools are one layer `[Hkv, N, Bs, D]`, or a layer stack `[L, Hkv, N, Bs, D]` read in place at `layer`.
 
 `paged_prefill_attention` is the Pallas kernel (Triton on GPU, `interpret=True` on CPU). The
@@ -13,10 +14,12 @@ sequences) and gathers them into a dense `[tiles, Hkv, block_q * Gp, D]` array, 
 (token, query head of the group). The grid runs over (tile, KV head); each program streams the
 sequence's pages up to its last query position through the block table with a flash-style online
 softmax, so K/V are read once per group. Tiles past the real ones are empty and loop zero times.
-The wrapper scatters tile rows back to token order.
+The wrapper scatters tile rows back to token order. Tiles default to 64 rows (a longer chunk
+re-reads its sequence's K/V once per tile); a decode sequence costs one tile per KV head.
 
-`paged_prefill_attention_reference` is the plain-jnp version; it is also the XLA path used on CPU.
-`select_impl(backend)` picks one of the two.
+`paged_prefill_attention_reference` is the plain-jnp oracle (a scan over sequences);
+`paged_prefill_attention_xla` the XLA path used on CPU (the kernel's tile plan, vectorised).
+`select_impl(backend)` picks the XLA path or the kernel.
 """
 
 from __future__ import annotations
@@ -27,11 +30,17 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels import launch
+from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
-    MIN_DOT_DIM, Backend, check_int32, check_knob, check_query_and_pools, check_tile, gather_pages,
-    init_softmax_state, next_power_of_2, online_softmax_step, resolve_backend, triton_compiler_params,
-    xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, gather_pages, init_softmax_state,
+    next_power_of_2, online_softmax_step, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
 )
+from pallas_kernels.targets import current_target
+
+# Query rows (tokens x padded GQA group) per tile by default: long chunks re-read each sequence's
+# K/V once per tile, so larger tiles read less; 64 rows at block_k 64 compile without spills.
+DEFAULT_TILE_ROWS = 64
 
 
 def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
@@ -247,17 +256,19 @@ def paged_prefill_attention(
     layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to read
     *,
     scale: float,
-    block_q: int = 16,
+    block_q: int | None = None,
     block_k: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]
     """Pallas paged prefill attention (see the module docstring); same contract as the reference.
 
     Knobs: `block_q` query tokens per tile (power of two; `block_q * Gp` rows must be >= 16, where
-    Gp is the GQA group padded to a power of two), `block_k` key tokens per inner step (rounded up
-    to whole blocks; a power of two >= 16), `num_warps` / `num_stages` Triton's.
+    Gp is the GQA group padded to a power of two; None: DEFAULT_TILE_ROWS rows, fewer for a batch
+    with fewer tokens), `block_k` key tokens per inner step (rounded up to whole blocks; a power of
+    two >= 16), `num_warps` (None: from the tile, see `launch`) and `num_stages` Triton's. Knobs
+    beyond the target GPU's limits raise ValueError naming the knob.
     """
     k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -268,10 +279,17 @@ def paged_prefill_attention(
     check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
     check_tile("block_size", block_size)
     check_tile("block_k", block_k, minimum=MIN_DOT_DIM)
+    if block_q is None:
+        min_block_q = max(1, MIN_DOT_DIM // group_pad)
+        block_q = max(min_block_q, min(DEFAULT_TILE_ROWS // group_pad, next_power_of_2(num_tokens)))
     check_tile("block_q", block_q)
     check_tile("block_q * padded GQA group", block_q * group_pad, minimum=MIN_DOT_DIM)
     pages_per_chunk = max(1, block_k // block_size)
     rows = block_q * group_pad
+    tile = launch.Tile(rows, head_dim, k_pages.dtype.itemsize)
+    num_warps = num_warps or tile.num_warps(block_k=pages_per_chunk * block_size)
+    launch.check_launch("paged prefill attention", current_target(), tile, block_k=pages_per_chunk * block_size,
+                        num_stages=num_stages, num_warps=num_warps)
     # Every sequence adds at most one partial tile to the dense cdiv(T, Bq).
     num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
 
@@ -309,7 +327,7 @@ def paged_prefill_attention(
         ],
         out_specs=row_spec,
         out_shape=jax.ShapeDtypeStruct((num_tiles, num_kv_heads, rows, head_dim), q.dtype),
-        compiler_params=triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=PALLAS_TRITON.compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="paged_prefill_attention",
     )(layer.reshape(1), meta, tables, q_tiles, k_pages, v_pages)
@@ -323,12 +341,13 @@ def paged_prefill_attention(
     return out.reshape(num_tokens, num_q_heads, head_dim)
 
 
-def select_impl(backend: Backend = "auto", *, interpret: bool = False, **knobs):
-    """The prefill attention function for `backend` ('auto' | 'pallas' | 'xla').
+IMPLS = {"xla": paged_prefill_attention_xla, "pallas_triton": paged_prefill_attention}
+
+
+def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):
+    """The prefill attention function for `backend` (a name from `pallas_kernels.backends`).
 
     Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
     context_lens, query_start_loc, layer=None, *, scale)`; Pallas knobs and `interpret` are bound here.
     """
-    if resolve_backend(backend) == "xla":
-        return paged_prefill_attention_xla
-    return functools.partial(paged_prefill_attention, interpret=interpret, **knobs)
+    return bind_impl(IMPLS, backend, "paged prefill attention", interpret=interpret, **knobs)

@@ -100,3 +100,29 @@ def test_shape_errors_name_the_argument():
         cache_ops.copy_blocks(jnp.zeros((HKV, N, BS, D)), jnp.zeros((HKV, N, BS, D)), jnp.zeros((2, 3), jnp.int32))
     with pytest.raises(ValueError, match="blocks"):
         cache_ops.scatter_blocks(jnp.zeros((HKV, N, BS, D)), jnp.zeros(2, jnp.int32), jnp.zeros((HKV, 3, BS, D)))
+
+
+def test_cache_ops_lower_for_cuda_in_place_at_serving_shapes():
+    """OPT-13B's layer-stacked bf16 pool (40 layers x 40 heads x 4,097 blocks of 16): every update
+    lowers for CUDA with the pools aliased to its outputs, so XLA writes them in place. (They are
+    XLA scatters and gathers, not Triton kernels: there is no Triton IR to compile to cubin.)"""
+    from pallas_kernels.targets import A100, abstract_gpu
+
+    pool = jax.ShapeDtypeStruct((40, 40, 4097, 16, 128), jnp.bfloat16)
+    new = jax.ShapeDtypeStruct((512, 40, 128), jnp.bfloat16)
+
+    def i32(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+    calls = [(cache_ops.write_kv, (pool, pool, new, new, i32(512), i32()), 2),
+             (cache_ops.copy_blocks, (pool, pool, i32(64, 2)), 2),
+             (cache_ops.scatter_blocks, (pool, i32(64), jax.ShapeDtypeStruct((40, 40, 64, 16, 128), jnp.bfloat16)), 1)]
+    for fn, args, donated in calls:
+        with abstract_gpu(A100):
+            text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        main = next(line for line in text.splitlines() if "func.func public @main" in line)
+        for i in range(donated):
+            assert f"%arg{i}: tensor<40x40x4097x16x128xbf16> {{tf.aliasing_output = {i} : i32}}" in main, fn
+    with abstract_gpu(A100):
+        text = cache_ops.gather_blocks.trace(pool, i32(64)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "tensor<40x40x64x16x128xbf16>" in text  # only the gathered blocks leave the pool

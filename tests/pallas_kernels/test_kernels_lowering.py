@@ -1,5 +1,6 @@
-"""The kernels lower through Pallas's Triton backend for CUDA (run on CPU: lowering needs no GPU),
-over the whole test grid and the benchmark's shapes; knobs that break Triton's rules are rejected."""
+"""The kernels lower through Pallas's Triton backend for CUDA (run on CPU: lowering needs no GPU,
+only an abstract GPU device on newer jax), over the whole test grid and the benchmark's shapes;
+knobs that break Triton's rules are rejected."""
 
 import functools
 
@@ -9,6 +10,7 @@ import pytest
 
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
+from pallas_kernels.targets import A100, abstract_gpu
 
 GRID = [(bs, g, d, dt) for bs in (8, 16, 32, 64) for g in (1, 4, 8) for d in (64, 128)
         for dt in (jnp.float32, jnp.bfloat16, jnp.float16)]
@@ -16,7 +18,8 @@ NUM_KV_HEADS, NUM_BLOCKS, MAX_BLOCKS, BATCH = 3, 100, 40, 5
 
 
 def _lower_for_cuda(fn, *shapes):
-    text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    with abstract_gpu(A100):
+        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text  # the Triton custom call, not Mosaic GPU
     return text
 

@@ -94,7 +94,8 @@ def test_freed_block_contents_do_not_leak(backend):
 
 def test_select_impl():
     assert pa.select_impl("xla") is pa.paged_attention_xla
-    assert pp.select_impl("auto") is pp.paged_prefill_attention_xla  # CPU: the XLA path
+    assert pp.select_impl("xla") is pp.paged_prefill_attention_xla
+    assert pp.select_impl("pallas_triton", block_q=8).keywords == {"interpret": False, "block_q": 8}
     assert pa.select_impl("pallas", interpret=True).keywords == {"interpret": True}
     with pytest.raises(ValueError, match="backend"):
         pa.select_impl("cuda")

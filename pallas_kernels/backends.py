@@ -1,0 +1,89 @@
+"""The attention backends, named in this one place.
+
+- `xla`: the plain-jnp paths (chunk-streamed decode, tiled prefill); any platform, CPU's default.
+- `pallas_triton`: the Pallas kernels lowered through Pallas's Triton backend (A100, H100/H200);
+  `interpret=True` runs them on CPU. The GPU default.
+- `pallas`: an alias for the Pallas lowering the project defaults to, today `pallas_triton`.
+- `auto`: `pallas` on a GPU, `xla` elsewhere.
+
+JAX deprecates the Pallas Triton lowering in favour of Mosaic GPU. The seam for that: a backend
+entry names its Pallas lowering and builds that lowering's compiler params (`compiler_params`),
+and every kernel module maps backend names to its implementations (`pick`). Adding Mosaic GPU is
+a name in `BackendName`, an entry in `BACKENDS`, the kernels written for it, and (once proven on
+a GPU) moving the `pallas` alias; the model config, the runner and the tests take names from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any, Callable, Literal, Mapping
+
+import jax
+
+BackendName = Literal["auto", "pallas", "pallas_triton", "xla"]
+BACKEND_NAMES: tuple[str, ...] = typing.get_args(BackendName)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBackend:
+    """One way to run the attention kernels."""
+
+    name: str
+    pallas_lowering: str | None  # None: plain XLA; "triton" (later "mosaic_gpu")
+    platforms: tuple[str, ...]  # jax backends it compiles for, without interpret mode
+    description: str
+
+    def compiler_params(self, *, num_warps: int, num_stages: int):
+        """The `pallas_call` compiler params of this backend's lowering."""
+        if self.pallas_lowering == "triton":
+            return _triton_compiler_params(num_warps=num_warps, num_stages=num_stages)
+        raise ValueError(f"backend {self.name!r} has no Pallas lowering")
+
+
+BACKENDS: dict[str, AttentionBackend] = {
+    "xla": AttentionBackend("xla", None, ("cpu", "gpu", "tpu"), "plain jnp: chunk-streamed decode, tiled prefill"),
+    "pallas_triton": AttentionBackend("pallas_triton", "triton", ("gpu",),
+                                      "Pallas kernels through the Triton lowering (A100, H100/H200)"),
+}
+ALIASES = {"pallas": "pallas_triton"}  # the Pallas lowering the project defaults to
+PALLAS_TRITON = BACKENDS["pallas_triton"]
+
+
+def resolve_backend(backend: str) -> str:
+    """The canonical backend name: aliases resolved, `auto` -> `pallas` on GPU and `xla` elsewhere.
+
+    On CPU the Pallas kernels only run in interpret mode, which is far slower than XLA.
+    """
+    if backend == "auto":
+        backend = "pallas" if jax.default_backend() == "gpu" else "xla"
+    backend = ALIASES.get(backend, backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {list(BACKEND_NAMES)}, got {backend!r}")
+    return backend
+
+
+def pick(impls: Mapping[str, Callable], backend: str, kernel: str) -> Callable:
+    """`impls[resolve_backend(backend)]`, or a ValueError naming the kernel and what it has."""
+    name = resolve_backend(backend)
+    if name not in impls:
+        raise ValueError(f"backend: {kernel} has no {name!r} implementation (it has {sorted(impls)})")
+    return impls[name]
+
+
+def bind_impl(impls: Mapping[str, Callable], backend: str, kernel: str, *, interpret: bool, **knobs) -> Callable:
+    """`pick`'s implementation, with `interpret` and the tuning knobs bound for a Pallas backend
+    (the XLA paths take neither)."""
+    impl = pick(impls, backend, kernel)
+    if BACKENDS[resolve_backend(backend)].pallas_lowering is None:
+        return impl
+    return functools.partial(impl, interpret=interpret, **knobs)
+
+
+def _triton_compiler_params(*, num_warps: int, num_stages: int) -> Any:
+    """Triton compiler params, passed on every call: jax >= 0.10 lowers a `pallas_call` without
+    compiler params to Mosaic GPU."""
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
