@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jpaged.engine import LLMEngine
-from jpaged.executors.base import StepResult
+from jpaged.executors.base import ModelOutput
+from jpaged.executors.sim import SIMULATED_TOKEN, synthetic_candidates
 from jpaged.sequence import SamplingParams
 from jpaged.step_plan import StepPlan
 
@@ -53,11 +54,15 @@ class BenchHostConfig:
 
 
 class NullExecutor:
-    """An executor that runs nothing: zero duration, no logits (the engine appends a constant token)."""
+    """An executor that runs nothing: zero duration, the simulator's synthetic samples."""
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan) -> ModelOutput:
         """Returns at once."""
-        return StepResult(None, 0.0)
+        rows = plan.sampling
+        if rows is None:
+            return ModelOutput([], None, None, None, 0.0)
+        top_ids, top_logprobs = synthetic_candidates(rows) if rows.num_top else (None, None)
+        return ModelOutput([SIMULATED_TOKEN] * len(rows), None, top_ids, top_logprobs, 0.0)
 
     def now(self) -> float:
         """A clock that never moves: the whole trace arrives at time 0."""

@@ -76,7 +76,7 @@ class PreemptionConfig:
 def _block_op_plan(swap_out: list[tuple[int, int]] = (), swap_in: list[tuple[int, int]] = ()) -> StepPlan:
     """A plan with no sequences: only block copies between the pools."""
     z = np.zeros(8, np.int32)
-    return StepPlan(False, 0, 0, z, z, z, np.zeros(9, np.int32), z, np.zeros((8, 1), np.int32), z,
+    return StepPlan(0, 0, 0, z, z, z, np.zeros(9, np.int32), z, np.zeros((8, 1), np.int32), z,
                     swap_out_pairs=pairs_array(list(swap_out)), swap_in_pairs=pairs_array(list(swap_in)))
 
 
@@ -100,7 +100,7 @@ def measure_real(config: PreemptionConfig, block_size: int) -> dict:
         cache=CacheConfig(block_size=block_size, num_blocks=-(-(config.seq_len + 1) // block_size) + 1,
                           num_host_blocks=n, watermark=0.0),
         scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=config.seq_len,
-                                  max_model_len=config.seq_len + 1))
+                                  max_model_len=config.seq_len + 1, policy="paper"))
     engine = LLMEngine(engine_config)
     executor = engine.executor
     out_pairs = [(1 + i, i) for i in range(n)]  # device block -> host block

@@ -6,30 +6,23 @@ mapping its logical blocks to physical ones. A reference count per physical bloc
 of a group share blocks (parallel sampling, beam search); a write into a shared block is preceded
 by copy-on-write. Block 0 is reserved: padding entries point at it, so padded writes are harmless.
 
-Hot paths are vectorized over sequences (`append_slots`, `slot_mapping`); the free lists are
+Hot paths are vectorized over sequences (`append_slots`); the free lists are
 Python lists used as stacks (O(1) pop and push). Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Hashable
 
 import numpy as np
 
+from jpaged.kv_manager import AllocStatus
 from jpaged.prefix_cache import PrefixCache, block_keys
 
 
-class AllocStatus(enum.Enum):
-    """Answer of `can_allocate`."""
-
-    OK = "ok"  # enough free blocks now (above the watermark)
-    LATER = "later"  # fits in the pool, not now
-    NEVER = "never"  # needs more blocks than the whole pool (or the table width): reject
-
-
 class BlockManager:
-    """Device and host block pools, reference counts and the block tables of live sequences."""
+    """Device and host block pools, reference counts and the block tables of live sequences
+    (implements `kv_manager.KVCacheManager`)."""
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int, max_model_len: int,
                  watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False):
@@ -108,85 +101,86 @@ class BlockManager:
         """Blocks needed to hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)
 
-    # ------------------------------------------------------------------ allocate / free
+    # ------------------------------------------------------------------ admission
 
-    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None, *,
-                     token_ids: list[int] | None = None, cache_salt: Hashable = None,
-                     keys: list[tuple[int, ...]] | None = None) -> AllocStatus:
-        """Whether `num_seqs` fresh sequences of `num_tokens` tokens each fit, keeping the watermark free.
+    def match_prefix(self, token_ids: list[int], cache_salt: Hashable = None,
+                     keys: list[tuple[int, ...]] | None = None) -> list[int]:
+        """Cached blocks holding the longest prefix of whole blocks of `token_ids` (never all of it).
 
-        With prefix caching and `token_ids`, blocks of the cached prefix count as already there;
+        At least the last token is never a hit, so a prefill always has a token to sample from.
         `keys` (`prefix_cache.block_keys` of the tokens) saves recomputing them at every retry.
-        `final_len` (the most tokens a sequence may reach) is unused here: paged allocation reserves
-        nothing ahead. Contiguous baselines take the same arguments and reserve by it.
-        """
-        need_per_seq = self.blocks_for(num_tokens)
-        need = need_per_seq * num_seqs
-        if need_per_seq > self.max_blocks_per_seq or need > self.num_usable_blocks - self.watermark_blocks:
-            return AllocStatus.NEVER
-        available = self.num_free_blocks
-        if self.prefix_cache is not None and token_ids is not None and num_seqs == 1:
-            hits = self._match(token_ids, cache_salt, keys)
-            # A hit needs no new block, but an unreferenced one stops being reclaimable.
-            need -= len(hits)
-            available -= sum(1 for b in hits if self.refcount[b] == 0)
-        return AllocStatus.OK if available - need >= self.watermark_blocks else AllocStatus.LATER
-
-    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None) -> int:
-        """Gives a new sequence blocks for its first `num_tokens` tokens; returns its table row."""
-        return self._allocate(seq_id, num_tokens, [])
-
-    def allocate_with_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
-                             keys: list[tuple[int, ...]] | None = None) -> tuple[int, int]:
-        """Allocates like `allocate`, sharing the longest cached prefix of whole blocks.
-
-        Returns (row, cached tokens). At least the last token is never a hit, so the prefill has
-        a token to compute logits from.
+        Empty without prefix caching.
         """
         if self.prefix_cache is None:
-            raise ValueError("allocate_with_prefix needs enable_prefix_caching=True")
-        hits = self._match(token_ids, cache_salt, keys)
-        row = self._allocate(seq_id, len(token_ids), hits)
-        return row, len(hits) * self.block_size
-
-    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
-                     keys: list[tuple[int, ...]] | None = None) -> None:
-        """Offers a resident sequence's full blocks (those whose K/V is written) to the prefix cache."""
-        if self.prefix_cache is None:
-            return
-        row = self.row_of(seq_id)
-        num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
-        keys = block_keys(token_ids, self.block_size, keys)[:num_full]
-        self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt)
-
-    def _match(self, token_ids: list[int], cache_salt: Hashable, keys: list[tuple[int, ...]] | None) -> list[int]:
+            return []
         keys = block_keys(token_ids, self.block_size, keys)
         return self.prefix_cache.match(keys, cache_salt, (len(token_ids) - 1) // self.block_size)
 
-    def _allocate(self, seq_id: int, num_tokens: int, shared: list[int]) -> int:
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> AllocStatus:
+        """Whether a sequence of `num_tokens` tokens may start now, its first `num_scheduled` getting slots.
+
+        `hits` are its cached prefix blocks (`match_prefix`); `extra_blocks` are blocks other
+        sequences of its group take in the same step. `headroom` free blocks must stay free after
+        it (default: the watermark). NEVER when the sequence alone exceeds the pool or its table.
+        `width` and `final_len` are unused here: paged blocks are taken as tokens come and a fork
+        shares them. Contiguous managers take the same arguments and reserve by them.
+        """
+        need_total = self.blocks_for(num_tokens)
+        if need_total > self.max_blocks_per_seq or need_total > self.num_usable_blocks:
+            return AllocStatus.NEVER
+        need = self.blocks_for(num_scheduled) - len(hits) + extra_blocks
+        # A hit needs no new block, but an unreferenced cached block stops being reclaimable.
+        available = self.num_free_blocks - sum(1 for b in hits if self.refcount[b] == 0)
+        headroom = self.watermark_blocks if headroom is None else headroom
+        return AllocStatus.OK if available - need >= headroom else AllocStatus.LATER
+
+    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+              num_tokens: int | None = None) -> int:
+        """Gives a new sequence a block-table row holding its cached prefix `hits`; returns the row.
+
+        Its other tokens get slots from `append_slots`. (`width`, `final_len`, `num_tokens`: see
+        `can_admit`.)
+        """
         if seq_id in self._row_of or seq_id in self._host_tables:
             raise ValueError(f"sequence {seq_id} already holds blocks")
+        hits = list(hits)
+        row = self._take_row(seq_id)
+        if hits:
+            self.refcount[hits] += 1
+            self.prefix_cache.touch(hits)  # referenced now: no longer evictable
+            self.block_tables[row, : len(hits)] = hits
+        self.num_table_blocks[row] = len(hits)
+        self.num_tokens[row] = len(hits) * self.block_size
+        return row
+
+    def allocate(self, seq_id: int, num_tokens: int, hits: list[int] = ()) -> int:
+        """`admit` plus slots for the first `num_tokens` tokens (at least the cached ones); returns the row."""
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         need = self.blocks_for(num_tokens)
         if need > self.max_blocks_per_seq:
             raise ValueError(f"{num_tokens} tokens need {need} blocks, more than the "
                              f"{self.max_blocks_per_seq} a block table holds (max_model_len)")
-        reclaimed = sum(1 for b in shared if self.refcount[b] == 0)
-        if need - len(shared) > self.num_free_blocks - reclaimed:
-            raise ValueError(f"{num_tokens} tokens need {need - len(shared)} blocks but only "
+        reclaimed = sum(1 for b in hits if self.refcount[b] == 0)
+        if need - len(hits) > self.num_free_blocks - reclaimed:
+            raise ValueError(f"{num_tokens} tokens need {need - len(hits)} blocks but only "
                              f"{self.num_free_blocks - reclaimed} are free (pool of {self.num_usable_blocks}); "
-                             f"check can_allocate first")
-        row = self._take_row(seq_id)
-        if shared:
-            self.refcount[shared] += 1
-            self.prefix_cache.touch(shared)  # referenced now: no longer evictable
-        blocks = shared + [self._take_block() for _ in range(need - len(shared))]
-        self.block_tables[row, :need] = blocks
-        self.refcount[blocks[len(shared):]] = 1
-        self.num_table_blocks[row] = need
-        self.num_tokens[row] = num_tokens
+                             f"check can_admit first")
+        row = self.admit(seq_id, hits)
+        if num_tokens > len(hits) * self.block_size:
+            self.append_slots(np.array([row]), np.array([num_tokens - len(hits) * self.block_size]))
         return row
+
+    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
+                     keys: list[tuple[int, ...]] | None = None) -> None:
+        """Offers a resident sequence's full blocks (those with slots: written this step or before) to the cache."""
+        if self.prefix_cache is None:
+            return
+        row = self.row_of(seq_id)
+        num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
+        keys = block_keys(token_ids, self.block_size, keys)[:num_full]
+        self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt)
 
     def free(self, seq_id: int) -> None:
         """Drops a sequence's references (device or host); blocks whose count reaches 0 become free."""
@@ -202,42 +196,73 @@ class BlockManager:
         self._release(self.refcount, self._free, self.block_tables[row, : self.num_table_blocks[row]])
         self._clear_row(row)
 
-    def fork(self, parent_id: int, child_id: int) -> int:
-        """Gives `child_id` the parent's block table, sharing every block (count + 1); returns its row."""
+    def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
+        """Gives `child_id` the parent's first `num_blocks` blocks (default all), shared (count + 1).
+
+        A partial fork (a recomputed group's sequences sharing their common history) shares only
+        full blocks: the child holds `num_blocks * block_size` tokens. Returns the child's row.
+        """
         if child_id in self._row_of or child_id in self._host_tables:
             raise ValueError(f"cannot fork onto sequence {child_id}: it already holds blocks")
         parent_row = self.row_of(parent_id)
+        if num_blocks is not None and not 0 <= num_blocks * self.block_size <= self.num_tokens[parent_row]:
+            raise ValueError(f"cannot fork {num_blocks} blocks of sequence {parent_id}: it holds "
+                             f"{self.num_tokens[parent_row] // self.block_size} full blocks")
         row = self._take_row(child_id)
-        n = self.num_table_blocks[parent_row]
+        n = self.num_table_blocks[parent_row] if num_blocks is None else num_blocks
         blocks = self.block_tables[parent_row, :n]
         self.block_tables[row, :n] = blocks
         self.refcount[blocks] += 1
         self.num_table_blocks[row] = n
-        self.num_tokens[row] = self.num_tokens[parent_row]
+        self.num_tokens[row] = self.num_tokens[parent_row] if num_blocks is None else n * self.block_size
         return row
 
-    # ------------------------------------------------------------------ append (decode hot path)
+    # ------------------------------------------------------------------ append (every step)
 
-    def blocks_needed_to_append(self, rows: np.ndarray) -> int:
-        """Upper bound on blocks `append_slots(rows)` takes: new blocks plus copy-on-write copies."""
-        pos = self.num_tokens[rows]
-        opens_block = pos % self.block_size == 0
-        last = self.block_tables[rows, np.minimum(pos // self.block_size, self.max_blocks_per_seq - 1)]
-        shared = ~opens_block & (self.refcount[last] > 1)
-        return int(opens_block.sum() + shared.sum())
+    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """Gives row `rows[i]` slots for `counts[i]` more tokens (default one each), or returns None
+        (changing nothing) if blocks run out.
 
-    def can_append_slots(self, rows: np.ndarray) -> bool:
-        """Whether every row in `rows` can surely get a slot for one more token."""
-        return self.blocks_needed_to_append(rows) <= self.num_free_blocks
-
-    def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
-        """Gives each row a slot for one more token, or returns None (changing nothing) if blocks run out.
-
-        A new block is taken only when the row's last block is full; a shared last block is copied
-        first (copy-on-write). Returns the slots i32[len(rows)] and the (src, dst) copy pairs.
-        This runs every decode step for every sequence: one pass of vectorized numpy, with Python
-        loops only over the few rows that open a block or copy one.
+        New blocks are taken only past a row's last full block; a shared last block about to be
+        written is copied first (copy-on-write). Returns the slots i32[sum(counts)] (row after
+        row, positions in order) and the (src, dst) copy pairs. The one-token case runs every
+        decode step for every sequence: one pass of vectorized numpy, with Python loops only
+        over the few rows that open a block or copy one.
         """
+        if counts is None:
+            return self._append_one(rows)
+        bs = self.block_size
+        pos = self.num_tokens[rows]  # [n] first new position of each row
+        end = pos + counts
+        have = self.num_table_blocks[rows]
+        new_blocks = (end + bs - 1) // bs - have  # [n] blocks to open
+        if (end > self.max_blocks_per_seq * bs).any():
+            raise ValueError("append_slots: a row would outgrow its block table (max_model_len)")
+        last = self.block_tables[rows, np.maximum(have - 1, 0)]  # [n] current last block
+        cow = (pos % bs != 0) & (self.refcount[last] > 1)  # the first new token lands in a shared block
+        if int(new_blocks.sum()) + int(cow.sum()) > self.num_free_blocks:
+            return None
+        copy_pairs: list[tuple[int, int]] = []
+        for i in np.flatnonzero(cow).tolist():
+            src, row = int(last[i]), int(rows[i])
+            if self.refcount[src] > 1:  # re-checked: an earlier row may have copied it already
+                copy_pairs.append((src, self._copy_on_write(row, int(have[i]) - 1, src)))
+        for i in np.flatnonzero(new_blocks).tolist():
+            row, first = int(rows[i]), int(have[i])
+            blocks = [self._take_block() for _ in range(int(new_blocks[i]))]
+            self.block_tables[row, first: first + len(blocks)] = blocks
+            self.refcount[blocks] = 1
+            self.num_table_blocks[row] = first + len(blocks)
+        self.num_tokens[rows] = end
+        # Position of every new token: row i owns [pos[i], end[i]).
+        token_rows = np.repeat(rows, counts)
+        starts = np.cumsum(counts) - counts
+        positions = np.arange(int(counts.sum())) - np.repeat(starts - pos, counts)
+        slots = self.block_tables[token_rows, positions // bs] * bs + positions % bs
+        return slots.astype(np.int32, copy=False), copy_pairs
+
+    def _append_one(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         bs = self.block_size
         pos = self.num_tokens[rows]
         logical = pos // bs
@@ -259,10 +284,7 @@ class BlockManager:
                 self.refcount[block] = 1
                 self.num_table_blocks[row] = idx + 1
             elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
-                block = self._take_block()
-                self.refcount[src] -= 1
-                self.refcount[block] = 1
-                self.block_tables[row, idx] = block
+                block = self._copy_on_write(row, idx, src)
                 copy_pairs.append((src, block))
             else:
                 continue
@@ -270,11 +292,13 @@ class BlockManager:
         self.num_tokens[rows] = pos + 1
         return (last * bs + offset).astype(np.int32, copy=False), copy_pairs
 
-    def slot_mapping(self, row: int, start: int, end: int) -> np.ndarray:
-        """Slots of positions [start, end) of a row's sequence: table[p // B] * B + p % B."""
-        pos = np.arange(start, end)
-        return (self.block_tables[row, pos // self.block_size] * self.block_size
-                + pos % self.block_size).astype(np.int32)
+    def _copy_on_write(self, row: int, index: int, src: int) -> int:
+        """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""
+        block = self._take_block()
+        self.refcount[src] -= 1
+        self.refcount[block] = 1
+        self.block_tables[row, index] = block
+        return block
 
     # ------------------------------------------------------------------ swap
 
@@ -317,13 +341,19 @@ class BlockManager:
         self._swapped_sets[tuple(seq_ids)] = len(host_of)
         return list(host_of.items())
 
-    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0) -> bool:
-        """Whether the device pool has room for these swapped sequences plus `extra_blocks`."""
+    def swapped_blocks(self, seq_ids: list[int]) -> int:
+        """Distinct host blocks of these swapped sequences: device blocks they need to come back."""
         # A group is usually retried every step until it fits: remember its block count.
         num_blocks = self._swapped_sets.get(tuple(seq_ids))
         if num_blocks is None:
             num_blocks = len(self._unique_blocks(lambda s: self._host_tables[s][0], seq_ids)[0])
-        return num_blocks + extra_blocks <= self.num_free_blocks - self.watermark_blocks
+        return num_blocks
+
+    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0, headroom: int | None = None) -> bool:
+        """Whether the device pool has room for these swapped sequences plus `extra_blocks`, keeping
+        `headroom` blocks free (default: the watermark)."""
+        headroom = self.watermark_blocks if headroom is None else headroom
+        return self.swapped_blocks(seq_ids) + extra_blocks <= self.num_free_blocks - headroom
 
     def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
         """Brings a group's swapped sequences back to the device; returns (host, device) copy pairs."""
@@ -350,22 +380,34 @@ class BlockManager:
 
     # ------------------------------------------------------------------ accounting
 
-    def token_slots_in_use(self) -> tuple[int, int]:
-        """(slots holding token states, allocated slots) over distinct device blocks in use."""
-        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        if rows.size == 0:
-            return 0, 0
+    def usage_breakdown(self, final_lens: dict[int, int], next_request: tuple[int, int] | None = None
+                        ) -> tuple[int, int, int, int]:
+        """(token_states, reserved, internal, external) slots now (paper Fig. 2); shared blocks count once.
+
+        `final_lens` maps every resident sequence id to its final length; a sequence writes K/V
+        for its first final_len - 1 positions. Per distinct allocated block: written = the most
+        slots any holder has written, will = the most any holder will write; token_states +=
+        written, reserved += will - written, internal += block_size - will. A paged pool has no
+        external fragmentation (any free block serves any request), so `next_request` is unused.
+        """
+        rows = np.fromiter((self.row_of(s) for s in final_lens), dtype=np.int64, count=len(final_lens))
+        wills = np.fromiter((f - 1 for f in final_lens.values()), dtype=np.int64, count=len(final_lens))
+        num_allocated = int(np.count_nonzero(self.refcount[1:]))
         bs = self.block_size
-        width = self.max_blocks_per_seq
-        logical = np.arange(width)[None, :]
-        nblocks = self.num_table_blocks[rows][:, None]
-        valid = logical < nblocks
-        fill = np.clip(self.num_tokens[rows][:, None] - logical * bs, 0, bs)
-        blocks = self.block_tables[rows][valid]
-        # A shared block holds the same tokens for every sharer; count it once (its largest fill).
-        per_block = np.zeros(self.num_blocks, dtype=np.int64)
-        np.maximum.at(per_block, blocks, fill[valid])
-        return int(per_block.sum()), int((self.num_usable_blocks - self.num_free_blocks) * bs)
+        if rows.size == 0:
+            return 0, 0, num_allocated * bs, 0
+        width = int(self.num_table_blocks[rows].max())
+        first_pos = np.arange(width)[None, :] * bs  # [1, W] first position of each logical block
+        valid = np.arange(width)[None, :] < self.num_table_blocks[rows][:, None]  # [R, W]
+        written = np.clip(self.num_tokens[rows][:, None] - first_pos, 0, bs)  # [R, W]
+        will = np.maximum(np.clip(wills[:, None] - first_pos, 0, bs), written)
+        blocks = self.block_tables[rows, :width][valid]
+        per_written = np.zeros(self.num_blocks, dtype=np.int64)
+        per_will = np.zeros(self.num_blocks, dtype=np.int64)
+        np.maximum.at(per_written, blocks, written[valid])
+        np.maximum.at(per_will, blocks, will[valid])
+        token, future = int(per_written.sum()), int(per_will.sum())
+        return token, future - token, num_allocated * bs - future, 0
 
     # ------------------------------------------------------------------ internals
 

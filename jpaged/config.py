@@ -52,20 +52,29 @@ class CacheConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
-    """Iteration-level scheduling limits and the preemption policy."""
+    """Iteration-level scheduling: the step's token and sequence budgets, the policy, preemption."""
 
-    max_num_seqs: int = 256  # most sequences in one step's batch
-    max_num_batched_tokens: int = 2048  # most tokens (prompt tokens in prefill) in one step
+    max_num_seqs: int = 256  # most sequences in one step's batch (a request counts at its width n)
+    max_num_batched_tokens: int = 2048  # token budget of one step (prompt chunks + decodes)
     max_model_len: int = 2048  # longest prompt + output a request may reach (OPT: 2048)
     preemption_mode: Literal["swap", "recompute"] = "recompute"  # recovery when blocks run out
+    # paper: the paper's vLLM (whole prompts; a step that admits runs only prompts); chunked: decodes
+    # first, prompt chunks fill the rest of the token budget (vLLM v1, Sarathi-Serve)
+    policy: Literal["paper", "chunked"] = "chunked"
+    long_prefill_token_threshold: int = 0  # chunked: most prompt tokens one sequence computes per step; 0 = no cap
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         _check(self.max_model_len >= 1, "scheduler.max_model_len", f"must be >= 1, got {self.max_model_len}")
-        _check(self.max_num_batched_tokens >= 1, "scheduler.max_num_batched_tokens",
-               f"must be >= 1, got {self.max_num_batched_tokens}")
+        _check(self.max_num_batched_tokens >= self.max_num_seqs, "scheduler.max_num_batched_tokens",
+               f"must be >= scheduler.max_num_seqs ({self.max_num_seqs}) so every running sequence's token "
+               f"fits a step, got {self.max_num_batched_tokens}")
         _check(self.preemption_mode in ("swap", "recompute"), "scheduler.preemption_mode",
                f"must be 'swap' or 'recompute', got {self.preemption_mode!r}")
+        _check(self.policy in ("paper", "chunked"), "scheduler.policy",
+               f"must be 'paper' or 'chunked', got {self.policy!r}")
+        _check(self.long_prefill_token_threshold >= 0, "scheduler.long_prefill_token_threshold",
+               f"must be >= 0 (0 = no cap), got {self.long_prefill_token_threshold}")
 
 
 @dataclasses.dataclass(frozen=True)

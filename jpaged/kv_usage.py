@@ -10,55 +10,20 @@ Every usable slot (blocks 1..N-1 times the block size) is in exactly one state:
 - external: free, but in buddy blocks too small for the region the head of the waiting queue
   needs (0 when nothing waits); paged pools have none, since any free block serves any request;
 - free: the rest.
-The contiguous manager computes its own split (`ContiguousBlockManager.usage_breakdown`); the
-paged one is computed here from the BlockManager's public arrays.
+Each memory manager computes its own split (`usage_breakdown`); this module asks it with the
+scheduler's view of the sequences.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from jpaged.block_manager import BlockManager
 from jpaged.scheduler import Scheduler
 from jpaged.sequence import SequenceStatus
-
-
-def paged_usage_breakdown(bm: BlockManager, final_lens: dict[int, int]) -> tuple[int, int, int, int]:
-    """(token_states, reserved, internal, 0) slots of a paged pool; shared blocks count once.
-
-    `final_lens` maps every resident sequence id to its final length. Per distinct allocated
-    block: written = the most slots any holder has written, will = the most any holder will
-    write; token_states += written, reserved += will - written, internal += block_size - will.
-    """
-    rows, wills = [], []
-    for seq_id, final_len in final_lens.items():
-        rows.append(bm.row_of(seq_id))
-        wills.append(final_len - 1)
-    num_allocated = int(np.count_nonzero(bm.refcount[1:]))
-    if not rows:
-        return 0, 0, num_allocated * bm.block_size, 0
-    rows_a = np.asarray(rows, dtype=np.int64)
-    bs = bm.block_size
-    width = int(bm.num_table_blocks[rows_a].max())
-    first_pos = np.arange(width)[None, :] * bs  # [1, W] first position of each logical block
-    valid = np.arange(width)[None, :] < bm.num_table_blocks[rows_a][:, None]  # [R, W]
-    written = np.clip(bm.num_tokens[rows_a][:, None] - first_pos, 0, bs)  # [R, W]
-    will = np.maximum(np.clip(np.asarray(wills)[:, None] - first_pos, 0, bs), written)
-    blocks = bm.block_tables[rows_a, :width][valid]
-    per_written = np.zeros(bm.num_blocks, dtype=np.int64)
-    per_will = np.zeros(bm.num_blocks, dtype=np.int64)
-    np.maximum.at(per_written, blocks, written[valid])
-    np.maximum.at(per_will, blocks, will[valid])
-    token, future = int(per_written.sum()), int(per_will.sum())
-    return token, future - token, num_allocated * bs - future, 0
 
 
 def usage_breakdown(scheduler: Scheduler) -> tuple[int, int, int, int]:
     """(token_states, reserved, internal, external) slots of the scheduler's KV pool now."""
     bm = scheduler.block_manager
     final_lens = {s.seq_id: g.max_total_len for g in scheduler.running for s in g.seqs if bm.has_seq(s.seq_id)}
-    if isinstance(bm, BlockManager):
-        return paged_usage_breakdown(bm, final_lens)
     next_request = None
     if scheduler.waiting:
         head = scheduler.waiting[0]

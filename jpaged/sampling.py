@@ -1,41 +1,22 @@
 """Next-token selection on device: greedy, temperature, top-k, top-p, and top candidates for beams.
 
-One jitted call per step samples every row and brings back a few small arrays (no [S, vocab]
-transfer to the host). Randomness is a pure function of (seed, stream, position): the same request
-draws the same tokens whatever else shares its batch and however often it was preempted. The
-stream separates the sequences of one request (parallel sampling) and requests sharing a seed.
+The real executor's last stage: one jitted call per step samples every row of the plan's
+SamplingBatch and brings back a few small arrays (no [S, vocab] transfer to the host).
+Randomness is a pure function of (seed, stream, position): the same request draws the same tokens
+whatever else shares its batch and however often it was preempted. The stream separates the
+sequences of one request (parallel sampling) and requests sharing a seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jpaged.step_plan import bucket
-
-
-def request_stream(request_id: str, seq_index: int) -> int:
-    """A stable 31-bit stream id for sequence `seq_index` of request `request_id`."""
-    return (zlib.crc32(request_id.encode()) * 1_000_003 + seq_index) & 0x7FFFFFFF
-
-
-@dataclasses.dataclass
-class SamplingBatch:
-    """Per-row sampling settings; row r samples from logits row `logits_rows[r]`."""
-
-    logits_rows: np.ndarray  # i32[R] which logits row each sample reads (a prompt row repeats for n > 1)
-    temperature: np.ndarray  # f32[R] 0 = greedy
-    top_k: np.ndarray  # i32[R] 0 = off
-    top_p: np.ndarray  # f32[R] 1 = off
-    seed: np.ndarray  # u32[R] the request's seed
-    stream: np.ndarray  # i32[R] request_stream(request, sequence index)
-    position: np.ndarray  # i32[R] position of the token being sampled
-    num_top: int = 0  # also return the top `num_top` log-probabilities per row (beam search)
+from jpaged.step_plan import SamplingBatch, bucket
 
 
 @dataclasses.dataclass

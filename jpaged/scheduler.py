@@ -1,11 +1,22 @@
-"""Iteration-level FCFS scheduling with all-or-nothing preemption (paper §4.5) -> StepPlan.
+"""Iteration-level scheduling by token budget: the paper's vLLM and chunked prefill as two settings.
 
-Each step is either a prefill batch (admit waiting groups, FCFS, while blocks, `max_num_seqs` and
-`max_num_batched_tokens` allow) or a decode batch (one token for every running sequence). When a
-decode step cannot get slots, the latest-arrived groups are preempted first, whole, by swapping
-their blocks to host memory or by freeing them for recomputation. While preempted groups wait, no
-new group is admitted: swapped groups come back first, and recompute victims go back to the front
-of the waiting queue. Pure Python + numpy: no jax import.
+Every step has a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`).
+Each sequence counts `num_computed_tokens`; a step gives each scheduled sequence some new tokens,
+always the last ones of its context (a prompt chunk, or the one token sampled last), so one
+StepPlan describes any mix. Three passes fill a step:
+
+1. running groups: every decoding sequence gets its token (the budget reserves them first), then
+   partly prefilled groups get prompt chunks from what is left; when blocks run out, the
+   latest-arrived group is preempted whole (swap or recompute), and a group that cannot continue
+   even alone has outgrown the pool and is aborted with an error;
+2. swapped groups come back, FIFO, while blocks allow (only if nothing was preempted);
+3. waiting groups are admitted, FCFS, while the budgets and blocks allow, unless swapped groups wait.
+
+`policy: paper` is the paper's vLLM (v0): admission comes first and a step that admits runs only
+whole prompts (the token budget binds after its first group, so a long recompute still runs);
+`policy: chunked` is vLLM v1 / Sarathi-Serve: decodes first, prompts chunked into what is left.
+The memory manager is any `kv_manager.KVCacheManager`; what happens after a step (appending
+tokens, forks, beams, stop checks, frees) lives in `jpaged.postprocess`. Pure Python + numpy.
 """
 
 from __future__ import annotations
@@ -17,12 +28,15 @@ import logging
 
 import numpy as np
 
-from jpaged.block_manager import AllocStatus, BlockManager
+from jpaged.block_manager import BlockManager
 from jpaged.config import CacheConfig, SchedulerConfig
+from jpaged.kv_manager import AllocStatus, KVCacheManager
 from jpaged.sequence import Sequence, SequenceGroup, SequenceStatus
-from jpaged.step_plan import StepPlan, bucket, pairs_array
+from jpaged.step_plan import PlanBuilder, StepPlan
 
 logger = logging.getLogger(__name__)
+
+_NO_LIMIT = 1 << 62
 
 
 @dataclasses.dataclass
@@ -30,36 +44,53 @@ class SchedulerOutput:
     """One scheduling decision: the plan to execute and what happened to groups on the way."""
 
     plan: StepPlan
-    seqs: list[Sequence]  # the batch's sequences, row by row (read-only: the scheduler may reuse it)
-    groups: list[SequenceGroup]  # groups with a sequence in the batch, in batch order
+    admitted: list[SequenceGroup]  # groups scheduled for the first time in this step
     rejected: list[tuple[SequenceGroup, str]]  # groups that can never run, with the reason
     num_preempted: int  # groups preempted in this step
 
 
 class Scheduler:
-    """FCFS waiting queue, running list and swapped queue over one block manager."""
+    """FCFS waiting queue, running list and swapped queue over one KV memory manager."""
 
-    def __init__(self, config: SchedulerConfig, cache: CacheConfig, block_manager: BlockManager | None = None):
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig, kv_manager: KVCacheManager | None = None):
         self.config = config
-        self.block_size = cache.block_size
-        self.block_manager = block_manager or BlockManager(
+        self.block_manager: KVCacheManager = kv_manager or BlockManager(
             cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
             watermark=cache.watermark, max_seqs=config.max_num_seqs,
             enable_prefix_caching=cache.enable_prefix_caching)
-        self.prefix_caching = cache.enable_prefix_caching
-        self.num_prompt_tokens = 0  # tokens admitted for prefill (prompts, and recomputed outputs)
+        self.prefix_caching = self.block_manager.prefix_cache is not None
+        self.chunked = config.policy == "chunked"
+        self.chunk_limit = config.long_prefill_token_threshold or _NO_LIMIT  # most new tokens per sequence per step
+        self.num_prompt_tokens = 0  # prompt tokens admitted for prefill (prompts, and recomputed outputs)
         self.num_cached_tokens = 0  # of those, tokens served from the prefix cache
         self.waiting: collections.deque[SequenceGroup] = collections.deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival_order
         self.swapped: collections.deque[SequenceGroup] = collections.deque()
         self.num_preemptions = 0
-        # The running sequences and their block-table rows, rebuilt only when the running set
-        # changes (admission, preemption, swap-in, fork, finish), not every decode step.
+        # Running groups with a sequence still prefilling (chunks left) or not yet holding blocks
+        # (a recomputed group's sequences join as they reach their shared prefix), by arrival.
+        self._partial: list[SequenceGroup] = []
+        # Decoding sequences of the other running groups and their rows, rebuilt only when the
+        # running set changes (admission, preemption, swap-in, fork, finish), not every step.
         self._batch: tuple[list[Sequence], np.ndarray] | None = None
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
-        self._arange = np.arange(config.max_num_seqs + 1, dtype=np.int32)  # reused by decode plans
+        # The max_num_seqs budget counts each running group at its width (n samples or beams), so
+        # a fresh group's later forks and a beam step's churn never push a batch past the limit.
+        self._num_running_seqs = 0
+        self._num_multi_running = 0  # running groups that hold or will hold several sequences
+        # Sequences of a recomputed group waiting to join it: seq id -> (earlier sequence it shares
+        # a prefix with or None, shared tokens, shared blocks).
+        self._joining: dict[int, tuple[Sequence | None, int, int]] = {}
+        self._rejected: list[tuple[SequenceGroup, str]] = []
+        self._builder: PlanBuilder | None = None
+        self._seq_ids = 0
 
     # ------------------------------------------------------------------ queue management
+
+    def new_seq_id(self) -> int:
+        """A fresh sequence id (requests and forks)."""
+        self._seq_ids += 1
+        return self._seq_ids
 
     def add(self, group: SequenceGroup) -> None:
         """Queues a new request."""
@@ -75,27 +106,15 @@ class Scheduler:
             if group in queue:
                 queue.remove(group)
         if group in self.running:
-            self.running.remove(group)
+            self._leave_running(group)
         for seq in group.seqs:
-            self.free_seq(seq, group)
+            self._release(seq)
 
-    def free_seq(self, seq: Sequence, group: SequenceGroup) -> None:
-        """Frees a sequence's blocks if it holds any (finished or dropped beams).
-
-        With prefix caching its full blocks stay cached for later requests with the same prefix.
-        """
-        self._release(seq, group)
+    def free_seq(self, seq: Sequence) -> None:
+        """Frees a finished (or dropped) sequence's blocks; with prefix caching they stay cached."""
+        self._release(seq)
         self._batch = None
-        self._touched.append(group)
-
-    def _release(self, seq: Sequence, group: SequenceGroup) -> None:
-        bm = self.block_manager
-        if bm.has_seq(seq.seq_id):
-            if self.prefix_caching:
-                bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
-            bm.free(seq.seq_id)
-        elif bm.is_swapped(seq.seq_id):
-            bm.free(seq.seq_id)
+        self._touched.append(seq.group)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
@@ -107,221 +126,341 @@ class Scheduler:
         if self._touched:
             for group in {id(g): g for g in self._touched}.values():
                 if group.is_finished and group in self.running:
-                    self.running.remove(group)
+                    self._leave_running(group)
             self._touched.clear()
+
+    def _release(self, seq: Sequence) -> None:
+        self._joining.pop(seq.seq_id, None)
+        bm = self.block_manager
+        if bm.has_seq(seq.seq_id):
+            if self.prefix_caching:
+                bm.cache_blocks(seq.seq_id, seq.token_ids, seq.group.cache_salt, seq.block_keys)
+            bm.free(seq.seq_id)
+        elif bm.is_swapped(seq.seq_id):
+            bm.free(seq.seq_id)
+
+    def _join_running(self, group: SequenceGroup) -> None:
+        bisect.insort(self.running, group, key=lambda g: g.arrival_order)
+        self._num_running_seqs += group.width
+        self._num_multi_running += not group.is_single
+        self._batch = None
+
+    def _leave_running(self, group: SequenceGroup) -> None:
+        self.running.remove(group)
+        if group in self._partial:
+            self._partial.remove(group)
+        self._num_running_seqs -= group.width
+        self._num_multi_running -= not group.is_single
+        self._batch = None
 
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self) -> SchedulerOutput:
-        """Decides the next step: a prefill batch if a waiting group can be admitted, else decode."""
-        rejected: list[tuple[SequenceGroup, str]] = []
-        if not self.swapped:
-            prefill = self._schedule_prefill(rejected)
-            if prefill is not None:
-                return prefill
-        return self._schedule_decode(rejected)
+        """Decides the next step's batch (see the module docstring for the three passes)."""
+        return self.schedule_step()
 
-    def _schedule_prefill(self, rejected) -> SchedulerOutput | None:
-        bm = self.block_manager
-        cfg = self.config
-        num_running_seqs = len(self._running_batch()[0])
+    def schedule_step(self) -> SchedulerOutput:
+        """The three passes (policies that gate admission override `schedule` around this)."""
+        self._builder = builder = PlanBuilder(self.block_manager)
+        self._rejected = []
+        budget = [self.config.max_num_batched_tokens]  # tokens left this step (a cell the passes update)
         admitted: list[SequenceGroup] = []
-        starts: dict[int, int] = {}  # seq id -> tokens already cached (the prefill computes the rest)
-        num_tokens = 0
-        while self.waiting:
-            group = self.waiting[0]
-            seqs = group.live_seqs(SequenceStatus.WAITING)
-            group_tokens = sum(len(s) for s in seqs)  # each sequence is prefilled whole (less cache hits)
-            final_len = group.prompt_len + group.sampling_params.max_tokens
-            prefix = ({"token_ids": seqs[0].token_ids, "cache_salt": group.cache_salt, "keys": seqs[0].block_keys}
-                      if self.prefix_caching else {})
-            # A manager that reserves memory per sequence (Orca's contiguous regions) must find room
-            # now for the sequences a fresh group forks into after its prompt; paged blocks share it.
-            forks = (group.sampling_params.n - len(seqs)
-                     if len(group.seqs) == 1 and getattr(bm, "reserves_per_sequence", False) else 0)
-            status = bm.can_allocate(max(len(s) for s in seqs), num_seqs=len(seqs) + forks, final_len=final_len,
-                                     **prefix)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                rejected.append((group, f"needs {sum(bm.blocks_for(len(s)) for s in seqs)} KV blocks, more than the "
-                                        f"pool can ever give ({bm.num_usable_blocks} blocks, watermark included)"))
-                continue
-            # The token budget binds only after the first group: a group recomputing its outputs
-            # (or several samples of one) may need more than the budget, and must still progress.
-            if (status is AllocStatus.LATER
-                    or (admitted and num_tokens + group_tokens > cfg.max_num_batched_tokens)
-                    or num_running_seqs + len(seqs) > cfg.max_num_seqs):
-                break
-            self.waiting.popleft()
-            for seq in seqs:
-                if self.prefix_caching:
-                    _, starts[seq.seq_id] = bm.allocate_with_prefix(seq.seq_id, seq.token_ids, group.cache_salt,
-                                                                    seq.block_keys)
-                    # The prompt's full blocks are written by this step (each layer writes before
-                    # it attends), so later admissions, even in this batch, may share them.
-                    bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
-                elif forks > 0:
-                    bm.allocate(seq.seq_id, len(seq), final_len=final_len, num_forks=forks)
-                    starts[seq.seq_id] = 0
-                else:
-                    bm.allocate(seq.seq_id, len(seq), final_len=final_len)
-                    starts[seq.seq_id] = 0
-                seq.status = SequenceStatus.RUNNING
-                self.num_prompt_tokens += len(seq)
-                self.num_cached_tokens += starts[seq.seq_id]
-            num_tokens += group_tokens
-            num_running_seqs += len(seqs)
-            admitted.append(group)
-            bisect.insort(self.running, group, key=lambda g: g.arrival_order)
-        if not admitted:
-            return None
-        self._batch = None
-        plan, seqs = self._prefill_plan(admitted, starts)
-        return SchedulerOutput(plan, seqs, admitted, rejected, 0)
+        preempted = 0
+        if not self.chunked and not self.swapped:  # paper: prefill steps come first
+            self._admit(builder, budget, admitted)
+        if self.chunked or not admitted:
+            preempted = self._schedule_running(builder, budget)
+            if preempted == 0 and self.swapped:
+                self._swap_in(builder, budget)
+            if self.chunked and not self.swapped and preempted == 0:  # (vLLM v1: no admission after a preemption)
+                self._admit(builder, budget, admitted)
+        self.num_preemptions += preempted
+        self._builder = None
+        plan = builder.build(all_single=self._num_multi_running == 0)
+        return SchedulerOutput(plan, admitted, self._rejected, preempted)
 
-    def _schedule_decode(self, rejected) -> SchedulerOutput:
+    def _schedule_running(self, builder: PlanBuilder, budget: list[int]) -> int:
+        """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones."""
         bm = self.block_manager
         num_preempted = 0
-        swap_out: list[tuple[int, int]] = []
-        seqs, rows = self._running_batch()
-        while (appended := bm.append_slots(rows)) is None:
-            victim = self.running.pop()  # the latest arrival
-            self._batch = None
-            if not self.running and bm.blocks_needed_to_append(self._running_batch()[1]) > bm.num_free_blocks:
-                self.running.append(victim)
-                rejected.append((victim, "its sequences outgrew the whole KV pool"))
-                self.abort(victim)
-            else:
-                swap_out += self._preempt(victim)
-                num_preempted += 1
+        while True:
             seqs, rows = self._running_batch()
-        slots, copy_pairs = appended
-        swap_in: list[tuple[int, int]] = []
-        if num_preempted == 0 and self.swapped:
-            swap_in, in_seqs = self._swap_in()
-            if in_seqs:
-                # Rows of a plan need not follow arrival order; the running list does.
-                in_rows = np.array([bm.row_of(s.seq_id) for s in in_seqs], dtype=np.int64)
-                in_slots, in_pairs = bm.append_slots(in_rows)  # room was checked by can_swap_in
-                seqs, rows = seqs + in_seqs, np.concatenate([rows, in_rows])
-                slots, copy_pairs = np.concatenate([slots, in_slots]), copy_pairs + in_pairs
-        plan = self._decode_plan(seqs, rows, slots)
-        plan.copy_pairs = pairs_array(copy_pairs)
-        plan.swap_in_pairs = pairs_array(swap_in)
-        plan.swap_out_pairs = pairs_array(swap_out)
-        self.num_preemptions += num_preempted
-        return SchedulerOutput(plan, seqs, self.running, rejected, num_preempted)
+            chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
+            if chunks:
+                chunk_rows = np.array([bm.row_of(s.seq_id) for s, _ in chunks], dtype=np.int64)
+                chunk_counts = np.array([c for _, c in chunks], dtype=np.int64)
+                all_rows = np.concatenate([rows, chunk_rows])
+                counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
+                appended = bm.append_slots(all_rows, counts)
+            elif len(rows):
+                appended = bm.append_slots(rows)
+            else:
+                return num_preempted
+            if appended is not None:
+                break
+            num_preempted += self._preempt_latest()
+        slots, copies = appended
+        for seq in seqs:
+            seq.num_computed_tokens += 1
+        if not chunks:
+            builder.add(seqs, rows, None, slots, copies)
+            budget[0] -= len(seqs)
+            return num_preempted
+        for seq, count in chunks:
+            seq.num_computed_tokens += count
+        builder.add(seqs + [s for s, _ in chunks], all_rows, counts, slots, copies)
+        budget[0] -= len(slots)
+        self._after_chunks([s for s, _ in chunks])
+        return num_preempted
 
-    def _preempt(self, group: SequenceGroup) -> list[tuple[int, int]]:
+    def _plan_partial(self, room: int) -> list[tuple[Sequence, int]]:
+        """(sequence, new tokens) of the partly prefilled groups, FCFS, within `room` tokens.
+
+        Sequences of a recomputed group join it here: a sequence forks the blocks of the common
+        prefix it shares with an earlier one once that prefix was computed in an earlier step. A
+        recomputed group rejoins as a unit (beam search needs all its beams in one step): unless
+        every sequence can finish now, each stops one token short of its end.
+        """
+        chunks: list[tuple[Sequence, int]] = []
+        for group in self._partial:
+            seqs = group.live_seqs()
+            aligned = len(seqs) > 1
+            if aligned:
+                todo = [s.num_uncomputed_tokens if self._resident(s) else len(s) - self._joining[s.seq_id][1]
+                        for s in seqs]
+                whole = (all(self._resident(s) or self._can_attach(s) for s in seqs)
+                         and sum(todo) <= room and max(todo) <= self.chunk_limit)
+            for seq in seqs:
+                if not self._resident(seq):
+                    if not self._can_attach(seq):
+                        continue
+                    self._attach(seq)
+                todo = seq.num_uncomputed_tokens - (1 if aligned and not whole else 0)
+                count = min(todo, room, self.chunk_limit)
+                if count > 0:
+                    chunks.append((seq, count))
+                    room -= count
+        return chunks
+
+    def _after_chunks(self, seqs: list[Sequence]) -> None:
+        """Groups whose every sequence is now scheduled to its end leave the partial list; the full
+        blocks the chunks write join the prefix cache (later admissions may share them at once)."""
+        for group in {id(s.group): s.group for s in seqs}.values():
+            live = group.live_seqs()
+            if all(self._resident(s) and s.num_uncomputed_tokens == 0 for s in live):
+                self._partial.remove(group)
+                self._batch = None
+            if self.prefix_caching:
+                for seq in live:
+                    if self._resident(seq):
+                        self.block_manager.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
+
+    def _preempt_latest(self) -> int:
+        """Preempts the latest-arrived running group (returns 1), or aborts it when it runs alone:
+        then it has outgrown the whole pool (returns 0)."""
+        victim = self.running[-1]
+        if len(self.running) == 1:
+            self._reject(victim, "its sequences outgrew the whole KV pool "
+                                 f"({self.block_manager.num_usable_blocks} blocks)")
+            self.abort(victim)
+            return 0
+        self._leave_running(victim)
+        self._preempt(victim)
+        return 1
+
+    def _preempt(self, group: SequenceGroup) -> None:
         """Evicts a whole group: swap when configured and room allows, else recompute."""
         bm = self.block_manager
-        seq_ids = [s.seq_id for s in group.live_seqs(SequenceStatus.RUNNING)]
-        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq_ids):
-            pairs = bm.swap_out(seq_ids)
-            for seq in group.live_seqs(SequenceStatus.RUNNING):
+        resident = [s for s in group.live_seqs() if bm.has_seq(s.seq_id)]
+        whole = len(resident) == len(group.live_seqs())  # a group still joining its blocks recomputes
+        ids = [s.seq_id for s in resident]
+        if self.config.preemption_mode == "swap" and whole and bm.can_swap_out(ids):
+            self._builder.swap_out(bm.swap_out(ids))
+            for seq in resident:
                 seq.status = SequenceStatus.SWAPPED
             self.swapped.append(group)
-            return pairs
-        for seq in group.live_seqs(SequenceStatus.RUNNING):
-            self._release(seq, group)
+            return
+        for seq in group.live_seqs():
+            self._release(seq)
             seq.status = SequenceStatus.WAITING
+            seq.num_computed_tokens = 0
         # Back to the front: FCFS by arrival, ahead of every request that arrived later.
         self.waiting.appendleft(group)
-        return []
 
-    def _swap_in(self) -> tuple[list[tuple[int, int]], list[Sequence]]:
-        """Brings swapped groups back, FIFO, while room allows; returns copy pairs and their sequences."""
+    def _swap_in(self, builder: PlanBuilder, budget: list[int]) -> None:
+        """Pass 2: brings swapped groups back, FIFO, while room allows; they decode this step."""
         bm = self.block_manager
-        pairs: list[tuple[int, int]] = []
-        seqs: list[Sequence] = []
-        num_seqs = len(self._running_batch()[0])
-        num_appends = 0  # new blocks the groups swapped in so far may take for this step's token
+        num_appends = 0  # blocks the groups swapped in so far may open for this step's token
         while self.swapped:
             group = self.swapped[0]
-            group_seqs = group.live_seqs(SequenceStatus.SWAPPED)
-            seq_ids = [s.seq_id for s in group_seqs]
-            # Room for the blocks plus one new block per sequence (this group's and earlier ones')
-            # for this step's token.
-            num_appends += len(seq_ids)
-            if num_seqs + len(seq_ids) > self.config.max_num_seqs or not bm.can_swap_in(seq_ids, num_appends):
+            seqs = group.live_seqs(SequenceStatus.SWAPPED)
+            ids = [s.seq_id for s in seqs]
+            num_appends += len(ids)
+            if self._num_running_seqs + group.width > self.config.max_num_seqs or budget[0] < len(ids):
+                break
+            if not bm.can_swap_in(ids, num_appends, self._headroom()):
+                if not self.running and bm.swapped_blocks(ids) + len(ids) > bm.num_usable_blocks:
+                    self.swapped.popleft()
+                    self._reject(group, "its sequences outgrew the whole KV pool "
+                                        f"({bm.num_usable_blocks} blocks)")
+                    self.abort(group)
+                    continue
                 break
             self.swapped.popleft()
-            self._batch = None
-            pairs += bm.swap_in(seq_ids)
-            for seq in group_seqs:
+            pairs = bm.swap_in(ids)
+            builder.swap_in(pairs)
+            for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            seqs += group_seqs
-            num_seqs += len(seq_ids)
-            bisect.insort(self.running, group, key=lambda g: g.arrival_order)
-        return pairs, seqs
+            self._join_running(group)
+            if any(s.num_uncomputed_tokens != 1 for s in seqs):  # swapped mid-prompt: chunks resume next step
+                bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
+                continue
+            rows = np.array([bm.row_of(s) for s in ids], dtype=np.int64)
+            slots, copies = bm.append_slots(rows)  # room was checked by can_swap_in
+            builder.add(seqs, rows, None, slots, copies)
+            budget[0] -= len(seqs)
+            for seq in seqs:
+                seq.num_computed_tokens += 1
 
-    # ------------------------------------------------------------------ plans
+    def _admit(self, builder: PlanBuilder, budget: list[int], admitted: list[SequenceGroup]) -> None:
+        """Pass 3: admits waiting groups, FCFS, while the budgets and blocks allow.
+
+        A group's first sequence (its prompt, or a recomputed sequence's whole history) starts
+        here; the other sequences of a recomputed group share the common prefix blocks they had
+        (`_share`) and join in the same step (paper: whole prompts) or in later ones (chunked).
+        """
+        bm = self.block_manager
+        while self.waiting and self._may_admit():
+            group = self.waiting[0]
+            if self._num_running_seqs + group.width > self.config.max_num_seqs:
+                break
+            seqs = group.live_seqs()
+            leader, followers = seqs[0], seqs[1:]
+            hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
+                    if self.prefix_caching else [])
+            cached = len(hits) * bm.block_size
+            shares = [self._share(f) for f in followers]
+            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+            need = bm.blocks_for(len(leader)) + unique_blocks
+            if need > bm.num_usable_blocks or bm.blocks_for(len(leader)) > bm.max_blocks_per_seq:
+                self.waiting.popleft()
+                self._reject(group, f"needs {need} KV blocks, more than the pool can ever give "
+                                    f"({bm.num_usable_blocks} blocks)")
+                continue
+            if self.chunked:  # the first sequence's first chunk; the others join in later steps, and
+                # until they do it stops one token short of its end (the group rejoins as a unit)
+                room = min(budget[0], self.chunk_limit)
+                if room <= 0:
+                    break
+                count = min(len(leader) - cached - (1 if followers else 0), room)  # 0: nothing until they join
+                extra_tokens = extra_blocks = 0
+            else:  # whole prompts; the budget binds after the step's first group
+                count = len(leader) - cached
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
+                extra_blocks = unique_blocks
+                if admitted and count + extra_tokens > budget[0]:
+                    break
+            status = bm.can_admit(len(leader), cached + count, hits, width=group.width,
+                                  final_len=group.max_total_len, headroom=self._headroom(), extra_blocks=extra_blocks)
+            if status is AllocStatus.NEVER:
+                self.waiting.popleft()
+                self._reject(group, f"needs {need} KV blocks, more than the pool can ever give "
+                                    f"({bm.num_usable_blocks} blocks)")
+                continue
+            if status is AllocStatus.LATER:
+                break
+            self.waiting.popleft()
+            bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
+            self.num_cached_tokens += cached
+            self.num_prompt_tokens += sum(len(s) for s in seqs)
+            for seq in seqs:
+                seq.status = SequenceStatus.RUNNING
+            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            self._join_running(group)
+            admitted.append(group)
+            leader.num_computed_tokens = cached
+            if count:
+                self._schedule_chunk(builder, budget, leader, count)
+            if not self.chunked:
+                for follower in followers:  # the blocks they share are written this step: join now
+                    self._attach(follower)
+                    self._schedule_chunk(builder, budget, follower, follower.num_uncomputed_tokens)
+            if any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs):
+                bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
+            if self.prefix_caching:
+                for seq in seqs:
+                    if self._resident(seq):
+                        bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
+
+    def _schedule_chunk(self, builder: PlanBuilder, budget: list[int], seq: Sequence, count: int) -> None:
+        """Slots for the next `count` tokens of a sequence just admitted (room was checked)."""
+        rows = np.array([self.block_manager.row_of(seq.seq_id)], dtype=np.int64)
+        counts = np.array([count], dtype=np.int64)
+        slots, copies = self.block_manager.append_slots(rows, counts)
+        builder.add([seq], rows, counts, slots, copies)
+        seq.num_computed_tokens += count
+        budget[0] -= count
+
+    def _may_admit(self) -> bool:
+        """Whether new groups may join now (request-level batching closes this between batches)."""
+        return True
+
+    # ------------------------------------------------------------------ helpers
+
+    def _headroom(self) -> int:
+        """Free blocks admission and swap-in keep: the watermark, waived when nothing else runs
+        (no one could be preempted to make room, and a group that fits the pool must progress)."""
+        return self.block_manager.watermark_blocks if self.running else 0
+
+    def _reject(self, group: SequenceGroup, reason: str) -> None:
+        self._rejected.append((group, reason))
+
+    def _resident(self, seq: Sequence) -> bool:
+        return self.block_manager.has_seq(seq.seq_id)
+
+    def _share(self, seq: Sequence) -> tuple[Sequence | None, int, int]:
+        """(earlier sequence of the group, shared tokens, shared blocks) of the longest common prefix of
+        whole blocks `seq` has with an earlier live sequence of its group (recompute keeps sharing)."""
+        bs = self.block_manager.block_size
+        best: tuple[Sequence | None, int, int] = (None, 0, 0)
+        limit = (len(seq) - 1) // bs  # never the last token: it computes the logits to sample from
+        for other in seq.group.live_seqs():
+            if other is seq:
+                break
+            common = 0
+            for a, b in zip(seq.token_ids, other.token_ids):
+                if a != b:
+                    break
+                common += 1
+            blocks = min(common // bs, limit)
+            if blocks > best[2]:
+                best = (other, blocks * bs, blocks)
+        return best
+
+    def _can_attach(self, seq: Sequence) -> bool:
+        """Whether a joining sequence's shared prefix is computed (in an earlier step, or in this
+        one by whole-prompt admission)."""
+        source, tokens, _ = self._joining[seq.seq_id]
+        if source is not None and source.status.is_finished:  # its source left the group: share anew
+            self._joining[seq.seq_id] = source, tokens, _ = self._share(seq)
+        return source is None or (self._resident(source) and source.num_computed_tokens >= tokens)
+
+    def _attach(self, seq: Sequence) -> None:
+        """Gives a joining sequence of a recomputed group its row, forking its shared prefix."""
+        source, tokens, blocks = self._joining.pop(seq.seq_id)
+        if source is None:
+            self.block_manager.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq))
+        else:
+            self.block_manager.fork(source.seq_id, seq.seq_id, blocks)
+        seq.num_computed_tokens = tokens
 
     def _running_batch(self) -> tuple[list[Sequence], np.ndarray]:
-        """Running sequences in FCFS group order and their block-table rows i64[n] (cached)."""
+        """Decoding sequences of the running groups (partial ones excluded), FCFS, and their
+        block-table rows i64[n] (cached)."""
         if self._batch is None:
             running = SequenceStatus.RUNNING
-            seqs = [s for g in self.running for s in g.seqs if s.status is running]
+            partial = {id(g) for g in self._partial}
+            seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
             row_of = self.block_manager.row_of
             self._batch = seqs, np.fromiter((row_of(s.seq_id) for s in seqs), dtype=np.int64, count=len(seqs))
         return self._batch
-
-    def _table_width(self, rows: np.ndarray) -> int:
-        bm = self.block_manager
-        longest = int(bm.num_table_blocks[rows].max()) if len(rows) else 1
-        return min(bucket(longest), bm.max_blocks_per_seq)
-
-    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray) -> StepPlan:
-        bm = self.block_manager
-        n = len(seqs)
-        size = bucket(n)
-        # One allocation for the five per-row vectors (this runs every decode step).
-        buffer = np.zeros(5 * size + 1, np.int32)
-        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = (
-            buffer[:size], buffer[size:2 * size], buffer[2 * size:3 * size], buffer[3 * size:4 * size],
-            buffer[4 * size:])
-        if n >= len(self._arange):  # forks (n > 1, beams) can outgrow max_num_seqs
-            self._arange = np.arange(2 * n + 1, dtype=np.int32)
-        token_ids[:n] = [s.token_ids[-1] for s in seqs]
-        lengths = bm.num_tokens[rows]  # tokens with a slot, this step's included
-        context_lens[:n] = lengths
-        positions = context_lens - 1
-        positions[n:] = 0
-        slot_mapping[:n] = slots
-        logits_indices[:n] = self._arange[:n]
-        query_start_loc[: n + 1] = self._arange[: n + 1]
-        query_start_loc[n + 1:] = n
-        longest = int(lengths.max()) if n else 1
-        width = min(bucket(-(-longest // bm.block_size)), bm.max_blocks_per_seq)
-        tables = np.zeros((size, width), np.int32)
-        tables[:n] = bm.block_tables[rows, :width]
-        return StepPlan(False, n, n, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices)
-
-    def _prefill_plan(self, groups: list[SequenceGroup], cached: dict[int, int]) -> tuple[StepPlan, list[Sequence]]:
-        bm = self.block_manager
-        seqs = [s for g in groups for s in g.seqs if s.status is SequenceStatus.RUNNING]
-        starts = [cached[s.seq_id] for s in seqs]
-        rows = np.array([bm.row_of(s.seq_id) for s in seqs], dtype=np.int64)
-        lens = np.array([len(s) for s in seqs], dtype=np.int32)
-        q_lens = lens - np.array(starts, dtype=np.int32)
-        n, total = len(seqs), int(q_lens.sum())
-        size_s, size_t = bucket(n), bucket(total, minimum=16)
-        token_ids = np.zeros(size_t, np.int32)
-        positions = np.zeros(size_t, np.int32)
-        slot_mapping = np.zeros(size_t, np.int32)
-        query_start_loc = np.full(size_s + 1, total, np.int32)
-        query_start_loc[: n + 1] = np.concatenate([[0], np.cumsum(q_lens)])
-        for i, (seq, row, start) in enumerate(zip(seqs, rows.tolist(), starts)):
-            lo, hi = query_start_loc[i], query_start_loc[i + 1]
-            token_ids[lo:hi] = seq.token_ids[start:]
-            positions[lo:hi] = np.arange(start, len(seq))
-            slot_mapping[lo:hi] = bm.slot_mapping(row, start, len(seq))
-        context_lens = np.zeros(size_s, np.int32)
-        context_lens[:n] = lens
-        tables = np.zeros((size_s, self._table_width(rows)), np.int32)
-        tables[:n] = bm.block_tables[rows, : tables.shape[1]]
-        logits_indices = np.zeros(size_s, np.int32)
-        logits_indices[:n] = query_start_loc[1: n + 1] - 1
-        return StepPlan(True, n, total, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices), seqs

@@ -1,25 +1,31 @@
 """Requests as the scheduler sees them: SamplingParams, Sequence, SequenceGroup and their statuses.
 
 A request becomes a SequenceGroup: one Sequence at admission, n after parallel sampling forks,
-up to `beam_width` live beams under beam search. Sequences of a group are scheduled and preempted
-together (gang scheduling). Pure Python: no jax import.
+up to `n` live beams under beam search. Sequences of a group are scheduled and preempted
+together (gang scheduling). Each sequence counts `num_computed_tokens`, the tokens whose K/V is
+in the cache: a step computes some of the rest (a prompt chunk, or the one token sampled last).
+Pure Python: no jax import.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import zlib
+from typing import Literal
+
+OutputKind = Literal["final", "delta", "cumulative"]
 
 
 class SequenceStatus(enum.Enum):
     """Where a sequence is in its life; `label` is the finish reason reported to users."""
 
     WAITING = ("waiting", False)  # queued for (re)prefill: new, or preempted by recompute
-    RUNNING = ("running", False)  # holds device blocks and is decoded each step
+    RUNNING = ("running", False)  # holds device blocks and is scheduled each step
     SWAPPED = ("swapped", False)  # preempted by swap: its blocks live in host memory
     FINISHED_STOPPED = ("stop", True)  # emitted a stop token
     FINISHED_LENGTH = ("length", True)  # reached max_tokens or max_model_len
-    FINISHED_ABORTED = ("abort", True)  # aborted by the user, or rejected
+    FINISHED_ABORTED = ("abort", True)  # aborted by the user, rejected, or dropped (beam search)
 
     def __init__(self, label: str, finished: bool):
         self.label = label
@@ -41,6 +47,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating through stop tokens (benchmarks: length = max_tokens)
     seed: int = 0  # with the request id and position, fixes every random draw
     length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** length_penalty
+    output_kind: OutputKind = "final"  # step() reports the request: at the end, or every step (delta / cumulative)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -58,29 +65,28 @@ class SamplingParams:
                              f"got temperature={self.temperature}")
         if self.use_beam_search and (self.top_k != 0 or self.top_p != 1.0):
             raise ValueError("use_beam_search does not combine with top_k / top_p sampling")
-
-    @property
-    def is_greedy(self) -> bool:
-        """True when every token is the argmax (no randomness)."""
-        return self.temperature == 0.0 and not self.use_beam_search
+        if self.output_kind not in ("final", "delta", "cumulative"):
+            raise ValueError(f"output_kind must be 'final', 'delta' or 'cumulative', got {self.output_kind!r}")
 
 
 class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
-    __slots__ = ("seq_id", "prompt_len", "token_ids", "cumulative_logprob", "status", "parent_id", "block_keys",
-                 "group")
+    __slots__ = ("seq_id", "index", "prompt_len", "token_ids", "num_computed_tokens", "cumulative_logprob",
+                 "status", "block_keys", "group", "num_reported")
 
-    def __init__(self, seq_id: int, prompt_token_ids: list[int], parent_id: int | None = None):
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
         self.seq_id = seq_id
+        self.index = index  # which sample of its request (seeds its random stream; output order)
         self.prompt_len = len(prompt_token_ids)
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt then outputs
+        self.num_computed_tokens = 0  # tokens whose K/V is in the cache (or scheduled into it this step)
         self.cumulative_logprob = 0.0
         self.status = SequenceStatus.WAITING
-        self.parent_id = parent_id
         # Prefix-cache keys of the full blocks so far (extended lazily; tokens only ever append).
         self.block_keys: list[tuple[int, ...]] = []
         self.group: SequenceGroup | None = None  # the request it belongs to (set by SequenceGroup)
+        self.num_reported = 0  # output tokens already streamed (output_kind "delta")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -95,16 +101,27 @@ class Sequence:
         """How many tokens were generated."""
         return len(self.token_ids) - self.prompt_len
 
-    def fork(self, seq_id: int) -> Sequence:
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to run through the model: a prompt (or its rest), or the last sampled token."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def fork(self, seq_id: int, index: int) -> Sequence:
         """A copy under a new id sharing this sequence's history (its blocks are shared by the block manager)."""
-        child = Sequence(seq_id, [], parent_id=self.seq_id)
+        child = Sequence(seq_id, [], index)
         child.prompt_len = self.prompt_len
         child.token_ids = list(self.token_ids)
+        child.num_computed_tokens = self.num_computed_tokens
         child.cumulative_logprob = self.cumulative_logprob
         child.status = self.status
         child.block_keys = list(self.block_keys)
         child.group = self.group
         return child
+
+
+def request_stream(request_id: str) -> int:
+    """A stable 31-bit base of the random streams of request `request_id` (one stream per sample index)."""
+    return (zlib.crc32(request_id.encode()) * 1_000_003) & 0x7FFFFFFF
 
 
 @dataclasses.dataclass(eq=False)  # identity semantics: queues find and remove this very request
@@ -129,7 +146,11 @@ class SequenceGroup:
         # Stop checks run for every sequence every step: precompute what they read.
         self.stop_set = frozenset(() if params.ignore_eos else params.stop_token_ids)
         self.max_total_len = self.seqs[0].prompt_len + params.max_tokens
+        self.width = params.n  # most sequences the group ever holds at once (samples or beams)
         self.is_single = params.n == 1 and not params.use_beam_search  # one sequence for its whole life
+        self.stream_base = request_stream(self.request_id)
+        self.num_forks = 0  # sequences forked so far (sample index of the next fork - 1)
+        self.error: str | None = None  # why the engine ended the request, if it did
 
     @property
     def prompt_len(self) -> int:
@@ -146,3 +167,8 @@ class SequenceGroup:
     def is_finished(self) -> bool:
         """True when every sequence reached a terminal status."""
         return all(s.status.is_finished for s in self.seqs)
+
+    @property
+    def is_fresh(self) -> bool:
+        """True before its prompt was ever sampled: one sequence, no output, no fork yet."""
+        return len(self.seqs) == 1 and self.seqs[0].num_output_tokens == 0 and not self.finished_beams

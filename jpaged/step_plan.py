@@ -2,7 +2,9 @@
 
 The scheduler decides *what* runs; the StepPlan says it in numpy arrays padded to a few bucket
 sizes, so that the jitted model step sees a handful of shapes and steady-state serving does not
-recompile. Pure numpy: no jax import here.
+recompile. One plan describes any mix of prompt chunks and decodes: sequence s computes its
+context's last q_s tokens (q_s = 1 for a decode, more for a prompt chunk); `max_query_len == 1`
+is the decode fast path. Pure numpy: no jax import here.
 
 Padding conventions (the kernels rely on them):
 - Padded tokens carry token id 0, position 0 and a slot inside reserved block 0, so their K/V
@@ -13,8 +15,14 @@ Padding conventions (the kernels rely on them):
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jpaged.kv_manager import KVCacheManager
+    from jpaged.sequence import Sequence
 
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 
@@ -27,6 +35,63 @@ def bucket(n: int, minimum: int = 8) -> int:
     return size
 
 
+def pairs_array(pairs: list[tuple[int, int]]) -> np.ndarray:
+    """An i32[P, 2] array of block pairs (an empty list gives shape [0, 2])."""
+    if not pairs:
+        return _EMPTY_PAIRS
+    return np.asarray(pairs, dtype=np.int32).reshape(-1, 2)
+
+
+@dataclasses.dataclass
+class SamplingBatch:
+    """Per-row sampling settings as arrays; row r samples from logits row `logits_rows[r]`."""
+
+    logits_rows: np.ndarray  # i32[R] which logits row each sample reads (a prompt row repeats for n > 1)
+    temperature: np.ndarray  # f32[R] 0 = greedy
+    top_k: np.ndarray  # i32[R] 0 = off
+    top_p: np.ndarray  # f32[R] 1 = off
+    seed: np.ndarray  # u32[R] the request's seed
+    stream: np.ndarray  # i32[R] the request's stream base + the sample's index in its group
+    position: np.ndarray  # i32[R] position of the token being sampled
+    num_top: int = 0  # also return the top `num_top` log-probabilities per row (beam search)
+
+
+@dataclasses.dataclass
+class SampleRows:
+    """Which sequences sample a token after the step, and from which logits row.
+
+    Usually one row per sequence that computed its last token. A fresh prompt of a request with
+    n > 1 samples gets n rows reading its logits (rows with index > 0 become forks), and beam
+    rows also ask for their top candidates.
+    """
+
+    seqs: list[Sequence]  # [R] the sequence each row extends (a fresh prompt's, for all its n samples)
+    logits_rows: np.ndarray  # i32[R] the batch row whose logits it reads
+    indices: list[int] | None  # [R] sample index in the group; None: each sequence's own index
+    num_top: int  # top candidates per row (2 x the widest beam); 0 without beams
+    is_plain: bool  # one row per sequence, no beams, no forks: tokens are appended as they come
+    first_token_groups: list  # requests whose first output token this step samples
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @functools.cached_property
+    def batch(self) -> SamplingBatch:
+        """The rows' sampling settings as arrays (built on first use: the simulator never asks)."""
+        seqs = self.seqs
+        params = [s.group.sampling_params for s in seqs]
+        indices = self.indices if self.indices is not None else [s.index for s in seqs]
+        return SamplingBatch(
+            logits_rows=self.logits_rows.astype(np.int32),
+            temperature=np.array([p.temperature for p in params], np.float32),
+            top_k=np.array([p.top_k for p in params], np.int32),
+            top_p=np.array([p.top_p for p in params], np.float32),
+            seed=np.array([p.seed for p in params], np.uint32),
+            stream=np.array([(s.group.stream_base + i) & 0x7FFFFFFF for s, i in zip(seqs, indices)], np.int32),
+            position=np.array([len(s) for s in seqs], np.int32),
+            num_top=self.num_top)
+
+
 @dataclasses.dataclass
 class StepPlan:
     """One step's batch as padded numpy arrays plus the block operations to apply before it.
@@ -34,19 +99,22 @@ class StepPlan:
     T = padded token count, S = padded sequence count, M = padded blocks per sequence.
     """
 
-    is_prefill: bool  # prefill batch (prompt tokens) or decode batch (one token per sequence)
     num_seqs: int  # real sequences in the batch (rows [0, num_seqs) of the per-sequence arrays)
     num_tokens: int  # real tokens in the batch (rows [0, num_tokens) of the per-token arrays)
+    max_query_len: int  # most tokens one sequence computes (1: a decode-only step, T == S)
     token_ids: np.ndarray  # i32[T] input token of each row
     positions: np.ndarray  # i32[T] position of each token in its sequence
     slot_mapping: np.ndarray  # i32[T] KV slot each token's K/V is written to (padding -> block 0)
     query_start_loc: np.ndarray  # i32[S + 1] sequence s owns token rows [qsl[s], qsl[s+1])
     context_lens: np.ndarray  # i32[S] tokens of context after this step's writes (0 = padding)
     block_tables: np.ndarray  # i32[S, M] physical block of each logical block (padding -> 0)
-    logits_indices: np.ndarray  # i32[S] token row whose logits are sampled for each sequence
+    logits_indices: np.ndarray  # i32[S] token row whose logits each sequence may sample from
+    sampling: SampleRows | None = None  # who samples after the step (None: nobody)
+    num_prefill_tokens: int = 0  # real tokens that are prompt chunks (or recomputed history), not decodes
     copy_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (src, dst) device blocks, copy-on-write
     swap_in_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (host, device) blocks to copy in
     swap_out_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (device, host) blocks to copy out
+    seqs: list[Sequence] = dataclasses.field(default_factory=list)  # the batch's sequences, row by row
 
     @property
     def padded_shape(self) -> tuple[int, int, int]:
@@ -58,9 +126,169 @@ class StepPlan:
         """True when no sequence runs this step (only block operations, if any)."""
         return self.num_seqs == 0
 
+    @property
+    def has_block_ops(self) -> bool:
+        """True when the step copies or swaps blocks."""
+        return bool(len(self.copy_pairs) or len(self.swap_in_pairs) or len(self.swap_out_pairs))
 
-def pairs_array(pairs: list[tuple[int, int]]) -> np.ndarray:
-    """An i32[P, 2] array of block pairs (an empty list gives shape [0, 2])."""
-    if not pairs:
-        return _EMPTY_PAIRS
-    return np.asarray(pairs, dtype=np.int32).reshape(-1, 2)
+    @property
+    def query_lens(self) -> np.ndarray:
+        """i32[num_seqs] tokens each real sequence computes this step."""
+        return np.diff(self.query_start_loc[: self.num_seqs + 1])
+
+
+class PlanBuilder:
+    """Collects a step's scheduled rows, then lays them out as a padded StepPlan.
+
+    Each `add` is a segment: sequences, their block-table rows, how many new tokens each (None:
+    one each, the decode case), and the slots and copy pairs `append_slots` gave them.
+    """
+
+    def __init__(self, kv_manager: KVCacheManager):
+        self.kv = kv_manager
+        self._segments: list[tuple[list[Sequence], np.ndarray, np.ndarray | None, np.ndarray]] = []
+        self._copies: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
+        self._swap_out: list[tuple[int, int]] = []
+
+    def add(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None, slots: np.ndarray,
+            copies: list[tuple[int, int]]) -> None:
+        """Adds scheduled sequences (their slots are already taken: `kv.num_tokens` includes them)."""
+        self._segments.append((seqs, rows, counts, slots))
+        self._copies += copies
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Host-to-device block copies to apply before the step."""
+        self._swap_in += pairs
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Device-to-host block copies to apply before the step (before any swap-in reuses blocks)."""
+        self._swap_out += pairs
+
+    def build(self, all_single: bool) -> StepPlan:
+        """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
+        segments = self._segments
+        if len(segments) == 1:
+            seqs, rows, counts, slots = segments[0]
+        elif segments:
+            seqs = [s for seg in segments for s in seg[0]]
+            rows = np.concatenate([seg[1] for seg in segments])
+            counts = (None if all(seg[2] is None for seg in segments) else
+                      np.concatenate([np.ones(len(seg[1]), np.int64) if seg[2] is None else seg[2]
+                                      for seg in segments]))
+            slots = np.concatenate([seg[3] for seg in segments])
+        else:
+            seqs, rows, counts, slots = [], np.zeros(0, np.int64), None, np.zeros(0, np.int32)
+        decoding = counts is None  # every sequence computes its last token (and samples)
+        if decoding or (counts == 1).all():
+            plan = self._decode_plan(seqs, rows, slots, last_tokens=decoding)
+        else:
+            plan = self._mixed_plan(seqs, rows, counts, slots)
+        plan.seqs = seqs
+        plan.sampling = _sample_rows(segments, all_single)
+        plan.num_prefill_tokens = sum(int(seg[2].sum()) for seg in segments if seg[2] is not None)
+        plan.copy_pairs = pairs_array(self._copies)
+        plan.swap_in_pairs = pairs_array(self._swap_in)
+        plan.swap_out_pairs = pairs_array(self._swap_out)
+        return plan
+
+    def _table(self, rows: np.ndarray, longest: int, size: int) -> np.ndarray:
+        kv = self.kv
+        width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
+        tables = np.zeros((size, width), np.int32)
+        tables[: len(rows)] = kv.block_tables[rows, :width]
+        return tables
+
+    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool) -> StepPlan:
+        """One token per sequence: T == S. With `last_tokens` each is its sequence's last (decodes),
+        else some may be one-token prompt chunks."""
+        n = len(seqs)
+        size = bucket(n)
+        # One allocation for the five per-row vectors (this runs every decode step).
+        buffer = np.zeros(5 * size + 1, np.int32)
+        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = (
+            buffer[:size], buffer[size:2 * size], buffer[2 * size:3 * size], buffer[3 * size:4 * size],
+            buffer[4 * size:])
+        lengths = self.kv.num_tokens[rows]  # tokens with a slot, this step's included
+        context_lens[:n] = lengths
+        positions = context_lens - 1
+        positions[n:] = 0
+        if last_tokens:
+            token_ids[:n] = [s.token_ids[-1] for s in seqs]
+        else:
+            token_ids[:n] = [s.token_ids[p] for s, p in zip(seqs, positions[:n].tolist())]
+        slot_mapping[:n] = slots
+        logits_indices[:n] = np.arange(n)
+        query_start_loc[: n + 1] = np.arange(n + 1)
+        query_start_loc[n + 1:] = n
+        tables = self._table(rows, int(lengths.max()) if n else 1, size)
+        return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
+                        tables, logits_indices)
+
+    def _mixed_plan(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> StepPlan:
+        """Any mix: sequence i computes positions [start_i, start_i + counts[i]) of its context."""
+        n, total = len(seqs), int(counts.sum())
+        size_s, size_t = bucket(n), bucket(total, minimum=16)
+        ends = self.kv.num_tokens[rows]  # context after this step's writes
+        starts = ends - counts
+        query_start_loc = np.full(size_s + 1, total, np.int32)
+        query_start_loc[0] = 0
+        query_start_loc[1: n + 1] = np.cumsum(counts)
+        token_ids = np.zeros(size_t, np.int32)
+        positions = np.zeros(size_t, np.int32)
+        positions[:total] = np.arange(total) - np.repeat(query_start_loc[:n] - starts, counts)
+        for i, seq in enumerate(seqs):
+            token_ids[query_start_loc[i]: query_start_loc[i + 1]] = seq.token_ids[starts[i]: ends[i]]
+        slot_mapping = np.zeros(size_t, np.int32)
+        slot_mapping[:total] = slots
+        context_lens = np.zeros(size_s, np.int32)
+        context_lens[:n] = ends
+        logits_indices = np.zeros(size_s, np.int32)
+        logits_indices[:n] = query_start_loc[1: n + 1] - 1
+        tables = self._table(rows, int(ends.max()), size_s)
+        return StepPlan(n, total, int(counts.max()), token_ids, positions, slot_mapping, query_start_loc,
+                        context_lens, tables, logits_indices)
+
+
+def _sample_rows(segments, all_single: bool) -> SampleRows | None:
+    """Rows to sample: every sequence that computed its last token (see SampleRows).
+
+    Decode segments (counts None) sample every sequence; chunk segments only the sequences whose
+    chunk reaches their end. With `all_single` no row forks or searches beams (the fast path).
+    """
+    if all_single and len(segments) == 1 and segments[0][2] is None:  # the steady state: all decode
+        return SampleRows(segments[0][0], np.arange(len(segments[0][0]), dtype=np.int32), None, 0, True, [])
+    seqs: list[Sequence] = []
+    logits_rows: list[int] = []
+    indices: list[int] = []
+    firsts: list = []
+    num_top = 0
+    plain = True
+    offset = 0
+    for seg_seqs, _, counts, _ in segments:
+        if counts is None and all_single:
+            seqs += seg_seqs
+            logits_rows += range(offset, offset + len(seg_seqs))
+            offset += len(seg_seqs)
+            continue
+        for row, seq in enumerate(seg_seqs, start=offset):
+            if seq.num_computed_tokens != len(seq):
+                continue  # a prompt chunk that does not reach its end: nothing to sample yet
+            group = seq.group
+            if group.first_token_time is None:
+                firsts.append(group)
+            params = group.sampling_params
+            if params.use_beam_search:
+                num_top = max(num_top, 2 * params.n)
+                plain = False
+            fan_out = params.n if (group.is_fresh and params.n > 1 and not params.use_beam_search) else 1
+            plain = plain and fan_out == 1
+            for i in range(fan_out):
+                seqs.append(seq)
+                logits_rows.append(row)
+                indices.append(i if fan_out > 1 else seq.index)
+        offset += len(seg_seqs)
+    if not seqs:
+        return None
+    return SampleRows(seqs, np.asarray(logits_rows, np.int32), None if all_single else indices, num_top,
+                      plain, firsts)

@@ -2,10 +2,11 @@
 
 Requests join when the engine's clock passes their arrival time; when the engine is idle the
 clock jumps to the next arrival (simulator: `advance_to`; real executor: sleep). Outputs are as
-long as the trace says (max_tokens = output length, EOS ignored). The executor is wrapped for
-the run so that every executed step is measured where it happens: its duration and batch size,
-and optionally the KV usage breakdown of the pool while the step runs (after scheduling, before
-finished sequences are freed). Deterministic for a deterministic executor and trace.
+long as the trace says (max_tokens = output length, EOS ignored). A meter subscribes to the
+engine's step events, so every executed step is measured where it happens: its duration and
+batch size, optionally the KV usage breakdown of the pool while the step runs (after scheduling,
+before finished sequences are freed) and the time every request received each token.
+Deterministic for a deterministic executor and trace.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from jpaged.engine import LLMEngine
+from jpaged.engine import EngineObserver, LLMEngine
+from jpaged.executors.base import ModelOutput
 from jpaged.kv_usage import total_slots, usage_breakdown
 from jpaged.metrics import BatchSizeAccumulator, KVUsageAccumulator, RequestRecord
+from jpaged.scheduler import SchedulerOutput
 from jpaged.sequence import SamplingParams
 from jpaged.step_plan import StepPlan
 from jpaged.workloads import TraceRequest
@@ -42,39 +45,35 @@ class TraceResult:
     num_steps: int  # executed steps
     end_time_s: float  # the engine's clock when the last request finished (virtual under sim)
     wall_s: float  # wall-clock seconds the run took
+    token_times: dict[str, list[float]] | None  # request id -> clock at each of its tokens, when tracked
 
 
-class _MeasuringExecutor:
-    """Wraps an executor: times each step, counts its batch, samples the KV breakdown."""
+class _TraceMeter(EngineObserver):
+    """Measures each executed step: its batch, the KV breakdown, token times, a user observer."""
 
-    def __init__(self, inner, engine: LLMEngine, kv: KVUsageAccumulator | None, observer: StepObserver | None):
-        self.inner = inner
-        self.scheduler = engine.scheduler
+    def __init__(self, kv: KVUsageAccumulator | None, observer: StepObserver | None,
+                 token_times: dict[str, list[float]] | None):
         self.batch = BatchSizeAccumulator()
         self.kv = kv
         self.observer = observer
+        self.token_times = token_times
 
-    def __getattr__(self, name):  # vocab_size, num_compilations, advance_to, ...
-        return getattr(self.inner, name)
-
-    def now(self) -> float:
-        """The wrapped executor's clock."""
-        return self.inner.now()
-
-    def execute(self, plan: StepPlan):
-        """Runs the step on the wrapped executor and records it."""
-        start = self.inner.now()
-        result = self.inner.execute(plan)
+    def on_step_executed(self, engine: LLMEngine, out: SchedulerOutput, result: ModelOutput, start: float,
+                         end: float) -> None:
+        """Records the step that just ran (its blocks as it saw them)."""
+        plan = out.plan
         self.batch.add(result.duration, plan.num_seqs)
         if self.kv is not None:
-            self.kv.add(result.duration, *usage_breakdown(self.scheduler))
+            self.kv.add(result.duration, *usage_breakdown(engine.scheduler))
         if self.observer is not None:
             self.observer(start, plan)
-        return result
+        if self.token_times is not None and plan.sampling is not None:
+            for group in {id(s.group): s.group for s in plan.sampling.seqs}.values():
+                self.token_times.setdefault(group.request_id, []).append(end)
 
 
 def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = False,
-              observer: StepObserver | None = None,
+              observer: StepObserver | None = None, track_token_times: bool = False,
               until: float = float("inf"), show_progress: bool = False,
               params_of: Callable[[TraceRequest], SamplingParams] | None = None) -> TraceResult:
     """Serves `trace` (sorted by arrival) on `engine` until every request has finished, or until
@@ -82,24 +81,25 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = 
 
     `track_kv` averages the KV breakdown over the run's steps, weighted by their durations (it
     costs a pass over the block tables per step: only the memory-waste experiment needs it).
-    `observer` sees every executed step. `params_of` gives a request's sampling parameters
+    `observer` sees every executed step. `track_token_times` records when each request received
+    each of its tokens (inter-token latencies). `params_of` gives a request's sampling parameters
     (parallel sampling, beam search); by default one sequence of exactly output_len tokens.
     The engine should be fresh: its clock starts the trace.
     """
-    inner = engine.executor
+    executor = engine.executor
     kv = KVUsageAccumulator(total_slots(engine.scheduler)) if track_kv else None
-    recorder = _MeasuringExecutor(inner, engine, kv, observer)
-    wait = getattr(inner, "advance_to", None) or (lambda t: time.sleep(max(0.0, t - inner.now())))
+    meter = _TraceMeter(kv, observer, {} if track_token_times else None)
+    wait = getattr(executor, "advance_to", None) or (lambda t: time.sleep(max(0.0, t - executor.now())))
     lengths = {str(r.request_id): (r.request_id, r.prompt_len) for r in trace}
     records: list[RequestRecord] = []
     num_rejected = 0
     bar = tqdm(total=len(trace), desc="trace", mininterval=1.0, disable=not show_progress)
-    engine.executor = recorder
+    engine.observers.append(meter)
     start = time.perf_counter()
     try:
         i, n = 0, len(trace)
-        while (i < n or engine.has_unfinished()) and recorder.now() < until:
-            now = recorder.now()
+        while (i < n or engine.has_unfinished()) and executor.now() < until:
+            now = executor.now()
             while i < n and trace[i].arrival_time <= now:
                 req = trace[i]
                 params = (SamplingParams(max_tokens=req.output_len, ignore_eos=True) if params_of is None
@@ -108,7 +108,7 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = 
                                    arrival_time=req.arrival_time)
                 i += 1
             steps = engine.num_steps
-            outputs = engine.step() if engine.has_unfinished() else []
+            outputs = [o for o in engine.step() if o.finished] if engine.has_unfinished() else []
             for out in outputs:
                 if out.error is not None:
                     num_rejected += 1
@@ -126,11 +126,12 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = 
                                        "requests unfinished and none left to arrive")
                 wait(trace[i].arrival_time)
             elif show_progress and engine.num_steps % 256 == 0:
-                bar.set_postfix(t_s=f"{recorder.now():.0f}", kv=f"{engine.scheduler.block_manager.usage():.0%}",
+                bar.set_postfix(t_s=f"{executor.now():.0f}", kv=f"{engine.scheduler.block_manager.usage():.0%}",
                                 refresh=False)
     finally:
-        engine.executor = inner
+        engine.observers.remove(meter)
         bar.close()
     wall = time.perf_counter() - start
-    return TraceResult(records, num_rejected, engine.scheduler.num_preemptions, recorder.batch.mean(),
-                       kv.percentages() if kv is not None else None, engine.num_steps, inner.now(), wall)
+    return TraceResult(records, num_rejected, engine.scheduler.num_preemptions, meter.batch.mean(),
+                       kv.percentages() if kv is not None else None, engine.num_steps, executor.now(), wall,
+                       meter.token_times)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from jpaged.block_manager import AllocStatus, BlockManager
+from jpaged.block_manager import BlockManager
+from jpaged.kv_manager import AllocStatus
 
 
 def make(num_blocks=11, block_size=4, host=6, max_model_len=64, watermark=0.0):
@@ -13,11 +14,11 @@ def make(num_blocks=11, block_size=4, host=6, max_model_len=64, watermark=0.0):
 def test_allocate_append_free_exact_counts():
     bm = make()
     assert bm.num_free_blocks == 10  # block 0 reserved
-    row = bm.allocate(1, 5)  # 5 tokens -> 2 blocks
-    assert bm.num_free_blocks == 8
+    row = bm.admit(1)
+    slots, pairs = bm.append_slots(np.array([row]), np.array([5]))  # 5 tokens -> 2 blocks
+    assert bm.num_free_blocks == 8 and pairs == []
     assert 0 not in bm.block_table(1)
-    np.testing.assert_array_equal(bm.slot_mapping(row, 0, 5),
-                                  [bm.block_table(1)[p // 4] * 4 + p % 4 for p in range(5)])
+    np.testing.assert_array_equal(slots, [bm.block_table(1)[p // 4] * 4 + p % 4 for p in range(5)])
     rows = np.array([row])
     for expected_free in (8, 8, 8, 7):  # positions 5, 6, 7 fit in block 2's slots; 8 opens block 3
         slots, pairs = bm.append_slots(rows)
@@ -66,13 +67,16 @@ def test_swap_out_and_in_keep_sharing():
     assert bm.num_free_blocks == 10
 
 
-def test_can_allocate_watermark_and_never():
-    bm = make(num_blocks=11, watermark=0.2)  # 2 blocks of watermark
-    assert bm.can_allocate(4 * 8) is AllocStatus.OK
-    assert bm.can_allocate(4 * 9) is AllocStatus.NEVER  # would eat into the watermark even on an empty pool
+def test_can_admit_watermark_headroom_chunks_and_never():
+    bm = make(num_blocks=11, watermark=0.2)  # 10 usable blocks, 2 of watermark
+    assert bm.can_admit(4 * 8, 4 * 8) is AllocStatus.OK
+    assert bm.can_admit(4 * 9, 4 * 9) is AllocStatus.LATER  # would eat into the watermark
+    assert bm.can_admit(4 * 9, 4 * 9, headroom=0) is AllocStatus.OK  # nothing else runs: no headroom kept
+    assert bm.can_admit(4 * 9, 4) is AllocStatus.OK  # a first chunk of one block
+    assert bm.can_admit(4 * 11, 4) is AllocStatus.NEVER  # more than the whole pool, chunked or not
     bm.allocate(1, 4 * 5)
-    assert bm.can_allocate(4 * 4) is AllocStatus.LATER
-    assert bm.can_allocate(65) is AllocStatus.NEVER  # longer than max_model_len
+    assert bm.can_admit(4 * 4, 4 * 4) is AllocStatus.LATER
+    assert bm.can_admit(65, 1) is AllocStatus.NEVER  # longer than max_model_len
 
 
 def test_bad_input_raises_and_leaves_state_unchanged():
@@ -109,9 +113,22 @@ def test_rows_grow_beyond_initial_capacity():
     assert bm.num_free_blocks == 5
 
 
-def test_token_slots_count_shared_blocks_once():
+def test_usage_breakdown_counts_shared_blocks_once():
     bm = make()
     bm.allocate(1, 6)
     bm.fork(1, 2)
-    tokens, allocated = bm.token_slots_in_use()
-    assert (tokens, allocated) == (6, 8)
+    # Both will write positions 0..8 (final length 10): 6 written, 2 more slots of block 2 reserved.
+    assert bm.usage_breakdown({1: 10, 2: 10}) == (6, 2, 0, 0)
+
+
+def test_partial_fork_shares_full_blocks_and_chunked_appends():
+    bm = make(num_blocks=17)
+    bm.allocate(1, 10)  # blocks: 4 + 4 + 2
+    row = bm.fork(1, 2, num_blocks=2)  # the 8 tokens of two full blocks
+    assert bm.num_tokens[row] == 8 and list(bm.block_table(2)) == list(bm.block_table(1)[:2])
+    slots, pairs = bm.append_slots(np.array([bm.row_of(1), row]), np.array([3, 5]))
+    assert pairs == [] and len(slots) == 8  # positions 10..12 of seq 1, 8..12 of seq 2
+    assert bm.num_tokens[bm.row_of(1)] == 13 and bm.num_tokens[row] == 13
+    assert bm.block_table(2)[2] != bm.block_table(1)[2]
+    with pytest.raises(ValueError, match="full blocks"):
+        bm.fork(1, 3, num_blocks=4)  # block 4 is not full

@@ -1,5 +1,8 @@
 """Hypothesis state machine over the block manager: random allocate / append / fork / free / swap.
 
+Appends take one or several tokens per row (decodes and prompt chunks); forks share all blocks or
+only a prefix of full ones (a recomputed group's sequences).
+
 After every step: free + used = total on each pool, every refcount equals the number of tables
 referencing the block, no block is both free and referenced, block 0 is never handed out, and no
 append writes into a block that another table still references.
@@ -11,7 +14,8 @@ import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jpaged.block_manager import AllocStatus, BlockManager
+from jpaged.block_manager import BlockManager
+from jpaged.kv_manager import AllocStatus
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 17
@@ -32,7 +36,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @rule(num_tokens=st.integers(1, 40))
     def allocate(self, num_tokens):
-        status = self.bm.can_allocate(num_tokens)
+        status = self.bm.can_admit(num_tokens, num_tokens)
         if status is AllocStatus.OK:
             seq = self._new_id()
             self.bm.allocate(seq, num_tokens)
@@ -44,33 +48,42 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def append(self, data):
         seqs = data.draw(st.lists(st.sampled_from(sorted(self.resident)), min_size=1, max_size=4, unique=True))
         rows = np.array([self.bm.row_of(s) for s in seqs])
-        if (self.bm.num_tokens[rows] >= 48).any():
+        one_each = data.draw(st.booleans())
+        counts = None if one_each else np.array(data.draw(st.lists(st.integers(1, 6), min_size=len(rows),
+                                                                   max_size=len(rows))))
+        pos = self.bm.num_tokens[rows]
+        end = pos + (1 if counts is None else counts)
+        if (end > 48).any():
             return
         free_before = self.bm.num_free_blocks
         refcount_before = self.bm.refcount.copy()
-        bound = self.bm.blocks_needed_to_append(rows)
-        surely = self.bm.can_append_slots(rows)
-        result = self.bm.append_slots(rows)
+        new_blocks = int((-(-end // BLOCK_SIZE) - -(-pos // BLOCK_SIZE)).sum())
+        last = self.bm.block_tables[rows, np.maximum(self.bm.num_table_blocks[rows] - 1, 0)]
+        shared_writes = int(((pos % BLOCK_SIZE != 0) & (refcount_before[last] > 1)).sum())
+        result = self.bm.append_slots(rows, counts)
         if result is None:  # out of blocks: nothing may have changed
-            assert not surely
+            assert new_blocks + shared_writes > free_before
             assert self.bm.num_free_blocks == free_before
             np.testing.assert_array_equal(self.bm.refcount, refcount_before)
             return
         slots, pairs = result
+        assert len(slots) == int((end - pos).sum())
         for slot in slots.tolist():
             block = slot // BLOCK_SIZE
             assert block != 0
             assert self.bm.refcount[block] == 1, "append wrote into a shared block"
         for src, dst in pairs:
             assert self.bm.refcount[dst] == 1 and src != dst
-        assert free_before - self.bm.num_free_blocks <= bound
+        assert free_before - self.bm.num_free_blocks == new_blocks + len(pairs)
 
     @precondition(lambda self: self.resident)
     @rule(data=st.data())
     def fork(self, data):
         parent = data.draw(st.sampled_from(sorted(self.resident)))
+        full = int(self.bm.num_tokens[self.bm.row_of(parent)]) // BLOCK_SIZE
+        num_blocks = data.draw(st.one_of(st.none(), st.integers(0, full)))
         child = self._new_id()
-        self.bm.fork(parent, child)
+        self.bm.fork(parent, child, num_blocks)
         self.resident.add(child)
 
     @precondition(lambda self: self.resident or self.swapped)
@@ -149,10 +162,12 @@ class PrefixCachingMachine(BlockManagerMachine):
     @rule(data=st.data(), salt=st.sampled_from([None, "x"]))
     def allocate_with_prefix(self, data, salt):
         prompt = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=20))
-        if self.bm.can_allocate(len(prompt), token_ids=prompt, cache_salt=salt) is AllocStatus.OK:
+        hits = self.bm.match_prefix(prompt, salt)
+        if self.bm.can_admit(len(prompt), len(prompt), hits) is AllocStatus.OK:
             seq = self._new_id()
-            _, cached = self.bm.allocate_with_prefix(seq, prompt, salt)
-            assert cached % BLOCK_SIZE == 0 and cached < len(prompt)
+            self.bm.allocate(seq, len(prompt), hits)
+            assert len(hits) * BLOCK_SIZE < len(prompt)
+            assert list(self.bm.block_table(seq)[: len(hits)]) == hits
             self.bm.cache_blocks(seq, prompt, salt)
             self.resident.add(seq)
 

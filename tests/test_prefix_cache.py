@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from jpaged.block_manager import AllocStatus, BlockManager
+from jpaged.block_manager import BlockManager
+from jpaged.kv_manager import AllocStatus
 from jpaged.prefix_cache import PrefixCache, block_keys
 
 
@@ -38,11 +39,12 @@ def test_salts_never_share():
 def test_block_manager_shares_cached_prefix_and_evicts_when_needed():
     bm = BlockManager(9, 4, 0, 64, watermark=0.0, enable_prefix_caching=True)
     prompt = list(range(100, 110))  # 10 tokens: 2 full blocks + 2 tokens
-    row, cached = bm.allocate_with_prefix(1, prompt)
-    assert cached == 0
+    assert bm.match_prefix(prompt) == []
+    bm.allocate(1, len(prompt))
     bm.cache_blocks(1, prompt)
-    row2, cached2 = bm.allocate_with_prefix(2, prompt + [7])
-    assert cached2 == 8 and list(bm.block_table(2)[:2]) == list(bm.block_table(1)[:2])
+    hits = bm.match_prefix(prompt + [7])
+    bm.allocate(2, len(prompt) + 1, hits)
+    assert len(hits) == 2 and list(bm.block_table(2)[:2]) == list(bm.block_table(1)[:2])
     assert all(bm.refcount[b] == 2 for b in bm.block_table(1)[:2])
     assert bm.num_free_blocks == 8 - 4  # 2 shared blocks + a tail block each
     bm.free(1)
@@ -50,9 +52,9 @@ def test_block_manager_shares_cached_prefix_and_evicts_when_needed():
     # The two prompt blocks stay cached (evictable); everything counts as free.
     assert bm.num_free_blocks == 8 and bm.prefix_cache.num_evictable == 2
     # A never-100% hit: a prompt of exactly 2 cached blocks recomputes its last block.
-    assert bm.can_allocate(8, token_ids=prompt[:8]) is AllocStatus.OK
-    _, cached3 = bm.allocate_with_prefix(3, prompt[:8])
-    assert cached3 == 4
+    hits = bm.match_prefix(prompt[:8])
+    assert len(hits) == 1 and bm.can_admit(8, 8, hits) is AllocStatus.OK
+    bm.allocate(3, 8, hits)
     # Fill the pool: the unreferenced cached block is evicted last, referenced ones never.
     bm.allocate(4, 4 * 6)
     assert bm.num_free_blocks == 0

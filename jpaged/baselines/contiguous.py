@@ -11,7 +11,7 @@ A reservation covers the sequence's final length, so appending never fails and O
 preempts; there is no swap space.
 
 Requests with several sequences (parallel sampling, beam search) share nothing: a group of width
-n reserves n regions at admission (the scheduler passes `num_forks = n - 1`), and `fork` gives
+n reserves n regions at admission (`width = n`), and `fork` gives
 the child one of the group's spare regions and copies the parent's written blocks into it (the
 copy pairs go out with the next `append_slots`, so the executor copies before the model writes).
 A region freed while its group lives goes back to the group's spares, since beam search forks
@@ -24,17 +24,17 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
-from jpaged.block_manager import AllocStatus
+from jpaged.kv_manager import AllocStatus
 
 
 class ContiguousBlockManager:
-    """One buddy-placed contiguous region per sequence, reserved ahead by an Orca policy."""
+    """One buddy-placed contiguous region per sequence, reserved ahead by an Orca policy
+    (implements `kv_manager.KVCacheManager`)."""
 
     prefix_cache = None  # no prefix sharing in the contiguous baselines
     num_host_blocks = 0  # no swap space: Orca never preempts
     num_free_host_blocks = 0
     watermark_blocks = 0  # nothing grows past its reservation, so no admission headroom is needed
-    reserves_per_sequence = True  # the scheduler reserves for a fresh group's future forks at admission
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, policy: Policy,
                  max_seqs: int = 256):
@@ -123,41 +123,57 @@ class ContiguousBlockManager:
         tokens = reservation(self.policy, num_tokens, final_len - num_tokens, self.max_model_len)
         return self.blocks_for(tokens)
 
-    # ------------------------------------------------------------------ allocate / free
+    # ------------------------------------------------------------------ admission
 
-    def can_allocate(self, num_tokens: int, num_seqs: int = 1, final_len: int | None = None) -> AllocStatus:
-        """Whether `num_seqs` regions for sequences of `num_tokens` tokens, growing to `final_len`, fit now.
+    def match_prefix(self, token_ids: list[int], cache_salt=None, keys=None) -> list[int]:
+        """Always empty: the contiguous baselines share no prefix."""
+        return []
 
-        A free buddy block of order o holds 2^(o - k) regions of order k, so the count is exact.
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> AllocStatus:
+        """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` fit now.
+
+        The whole reservation is taken at admission, so `num_scheduled`, `headroom` and
+        `extra_blocks` do not matter. A free buddy block of order o holds 2^(o - k) regions of
+        order k, so the count is exact.
         """
-        if num_seqs < 1:
-            raise ValueError(f"num_seqs must be >= 1, got {num_seqs}")
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
         k = order_of(self.reserved_blocks(num_tokens, final_len))
-        if k > self.buddy.max_order or self.buddy.num_units >> k < num_seqs:
+        if k > self.buddy.max_order or self.buddy.num_units >> k < width:
             return AllocStatus.NEVER
-        if num_seqs == 1:  # the common case, O(log n)
+        if width == 1:  # the common case, O(log n)
             return AllocStatus.OK if self.buddy.can_allocate(1 << k) else AllocStatus.LATER
         fits = sum(units >> k for _, units in self.buddy.free_blocks())
-        return AllocStatus.OK if fits >= num_seqs else AllocStatus.LATER
+        return AllocStatus.OK if fits >= width else AllocStatus.LATER
 
-    def allocate(self, seq_id: int, num_tokens: int, final_len: int | None = None, num_forks: int = 0) -> int:
-        """Reserves a region for a new sequence, plus `num_forks` spare regions for the sequences it
-        will fork into, and gives its first `num_tokens` tokens slots; returns its row."""
+    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+              num_tokens: int | None = None) -> int:
+        """Reserves a region for a new sequence of `num_tokens` tokens growing to `final_len`, plus
+        `width - 1` spare regions for the sequences its group forks into; returns its row. Its
+        tokens get slots from `append_slots`."""
         if seq_id in self._row_of:
             raise ValueError(f"sequence {seq_id} already holds a region")
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if num_forks < 0:
-            raise ValueError(f"num_forks must be >= 0, got {num_forks}")
         need = self.reserved_blocks(num_tokens, final_len)
-        if self.can_allocate(num_tokens, 1 + num_forks, final_len) is not AllocStatus.OK:
-            raise ValueError(f"no room for {1 + num_forks} free regions of {need} blocks (largest free: "
-                             f"{self.buddy.largest_free_block()}); check can_allocate first")
-        offsets = [self.buddy.allocate(need) for _ in range(1 + num_forks)]
+        if self.can_admit(num_tokens, num_tokens, width=width, final_len=final_len) is not AllocStatus.OK:
+            raise ValueError(f"no room for {width} free regions of {need} blocks (largest free: "
+                             f"{self.buddy.largest_free_block()}); check can_admit first")
+        offsets = [self.buddy.allocate(need) for _ in range(width)]
         self._family[seq_id] = seq_id
         self._members[seq_id] = 1
         self._spares[seq_id] = offsets[1:]
-        return self._place(seq_id, offsets[0], num_tokens, final_len)
+        return self._place(seq_id, offsets[0], final_len)
+
+    def allocate(self, seq_id: int, num_tokens: int, final_len: int, width: int = 1) -> int:
+        """`admit` plus slots for the first `num_tokens` tokens; returns the row."""
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        row = self.admit(seq_id, width=width, final_len=final_len, num_tokens=num_tokens)
+        self.append_slots(np.array([row]), np.array([num_tokens]))
+        return row
+
+    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt=None, keys=None) -> None:
+        """Nothing to do: no prefix cache."""
 
     def free(self, seq_id: int) -> None:
         """Drops the sequence's region: to its group's spares while the group lives, else to the buddy."""
@@ -181,9 +197,10 @@ class ContiguousBlockManager:
                 self.buddy.free(offset)
             del self._members[root], self._waiting_forks[root], self._copies[root]
 
-    def fork(self, parent_id: int, child_id: int) -> int:
-        """Gives `child_id` a spare region of the parent's group holding a copy of the parent's
-        tokens (or, with no spare, the next region a sibling frees); returns its row."""
+    def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
+        """Gives `child_id` a spare region of the parent's group holding a copy of the parent's first
+        `num_blocks` blocks (default all its tokens), or, with no spare, the next region a sibling
+        frees; returns its row."""
         if child_id in self._row_of:
             raise ValueError(f"cannot fork onto sequence {child_id}: it already holds a region")
         parent_row = self.row_of(parent_id)
@@ -192,49 +209,45 @@ class ContiguousBlockManager:
         self._members[root] += 1
         row = self._take_row(child_id)
         self.final_len[row] = self.final_len[parent_row]
-        self.num_tokens[row] = self.num_tokens[parent_row]
+        self.num_tokens[row] = (self.num_tokens[parent_row] if num_blocks is None
+                                else num_blocks * self.block_size)
         if self._spares[root]:
             self._give_region(child_id, parent_id, self._spares[root].pop())
         else:
             self._waiting_forks[root].append((child_id, parent_id))
         return row
 
-    # ------------------------------------------------------------------ append (decode hot path)
+    # ------------------------------------------------------------------ append (every step)
 
-    def blocks_needed_to_append(self, rows: np.ndarray) -> int:
-        """0: every token up to a sequence's final length already has a reserved slot."""
-        return 0
-
-    def can_append_slots(self, rows: np.ndarray) -> bool:
-        """Always True (see `blocks_needed_to_append`)."""
-        return True
-
-    def append_slots(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Gives each row the next slot of its region: slot = base * B + position. The copy pairs
-        returned are the forks' copies issued since the last call (none without forks)."""
+    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """Gives row `rows[i]` the next `counts[i]` slots (default one) of its region: slot = base * B
+        + position. Never fails. The copy pairs returned are the forks' copies issued since the
+        last call (none without forks)."""
         copies = [pair for pairs in self._copies.values() for pair in pairs]
         for pairs in self._copies.values():
             pairs.clear()
         bs = self.block_size
         pos = self.num_tokens[rows]
+        end = pos + (1 if counts is None else counts)
         base = self.base[rows]
         if (base == 0).any():  # only inside one beam step may a fork lack a region
             raise RuntimeError("a forked sequence has no region: its group forked more beams than it frees")
-        if (pos >= self.region_blocks[rows] * bs).any():
+        if (end > self.region_blocks[rows] * bs).any():
             # The engine finishes a sequence at final_len, which every policy reserves: a caller bug.
             raise RuntimeError("a sequence outgrew its contiguous reservation")
-        opens = np.flatnonzero(pos % bs == 0)
-        if len(opens):
-            logical = pos[opens] // bs
-            self.block_tables[rows[opens], logical] = base[opens] + logical
-            self.num_table_blocks[rows[opens]] = logical + 1
-        self.num_tokens[rows] = pos + 1
-        return (base * bs + pos).astype(np.int32), copies
-
-    def slot_mapping(self, row: int, start: int, end: int) -> np.ndarray:
-        """Slots of positions [start, end) of a row's sequence: consecutive from base * B."""
-        first = int(self.base[row]) * self.block_size
-        return np.arange(first + start, first + end, dtype=np.int32)
+        have = self.num_table_blocks[rows]
+        used = (end + bs - 1) // bs
+        for i in np.flatnonzero(used > have).tolist():  # rows that open blocks of their region
+            row, first = int(rows[i]), int(base[i])
+            self.block_tables[row, have[i]: used[i]] = np.arange(first + have[i], first + used[i])
+            self.num_table_blocks[row] = used[i]
+        self.num_tokens[rows] = end
+        if counts is None:
+            return (base * bs + pos).astype(np.int32), copies
+        starts = np.cumsum(counts) - counts
+        slots = np.arange(int(counts.sum())) + np.repeat(base * bs + pos - starts, counts)
+        return slots.astype(np.int32), copies
 
     # ------------------------------------------------------------------ swap (none)
 
@@ -242,9 +255,21 @@ class ContiguousBlockManager:
         """Always False: with no swap space the scheduler recomputes if it ever must preempt."""
         return False
 
-    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0) -> bool:
+    def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
+        """Never called: `can_swap_out` is always False."""
+        raise ValueError("cannot swap out: the contiguous baselines have no swap space")
+
+    def swapped_blocks(self, seq_ids: list[int]) -> int:
+        """0: nothing is ever swapped out."""
+        return 0
+
+    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0, headroom: int | None = None) -> bool:
         """Always False: nothing is ever swapped out."""
         return False
+
+    def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
+        """Never called: nothing is ever swapped out."""
+        raise ValueError("cannot swap in: the contiguous baselines have no swap space")
 
     # ------------------------------------------------------------------ accounting
 
@@ -272,33 +297,23 @@ class ContiguousBlockManager:
             external = self.buddy.external_fragmentation(need) * bs
         return tokens, will - tokens, region - will, external
 
-    def token_slots_in_use(self) -> tuple[int, int]:
-        """(slots holding token states, slots inside allocated regions)."""
-        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        regions = int(self.region_blocks[rows].sum()) + self._spare_blocks()
-        return int(self.num_tokens[rows].sum()), regions * self.block_size
-
     # ------------------------------------------------------------------ internals
 
-    def _place(self, seq_id: int, offset: int, num_tokens: int, final_len: int) -> int:
-        """A row for `seq_id` in the region at buddy `offset`, holding `num_tokens` tokens."""
+    def _place(self, seq_id: int, offset: int, final_len: int) -> int:
+        """A row for `seq_id` in the region at buddy `offset`, holding no tokens yet."""
         root = self._family[seq_id]
         self._waiting_forks.setdefault(root, [])
         self._copies.setdefault(root, [])
         row = self._take_row(seq_id)
-        n = self.blocks_for(num_tokens)
         self.base[row] = offset + 1
         self.region_blocks[row] = self.buddy.allocated_size(offset)
         self.final_len[row] = final_len
-        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
-        self.num_table_blocks[row] = n
-        self.num_tokens[row] = num_tokens
         return row
 
     def _give_region(self, child_id: int, parent_id: int, offset: int) -> None:
         """Moves a forked child into the region at `offset` and queues copies of the parent's blocks."""
         row, parent_row = self._row_of[child_id], self._row_of[parent_id]
-        n = int(self.num_table_blocks[parent_row])
+        n = self.blocks_for(int(self.num_tokens[row]))  # the child's share of the parent's blocks
         self.base[row] = offset + 1
         self.region_blocks[row] = self.buddy.allocated_size(offset)
         self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)

@@ -11,18 +11,21 @@ from jpaged.step_plan import StepPlan
 
 
 @dataclasses.dataclass
-class StepResult:
-    """What one executed step returns to the engine."""
+class ModelOutput:
+    """What one executed step returns to the engine core: a token per sample row, not logits."""
 
-    logits: np.ndarray | None  # f32[num_seqs, vocab] next-token logits; None when the executor has no model (sim)
+    token_ids: np.ndarray | list[int]  # [R] the token sampled for each row of plan.sampling
+    logprobs: np.ndarray | None  # f32[R] log-probability of each sampled token; None without a model
+    top_ids: np.ndarray | None  # i32[R, K] most likely tokens per row, best first (beam search), else None
+    top_logprobs: np.ndarray | None  # f32[R, K] their log-probabilities
     duration: float  # seconds the step took: wall time (jax) or cost-model time (sim)
 
 
 class Executor(Protocol):
-    """Runs one step: block operations (swap out, swap in, copy-on-write), then the model."""
+    """Runs one step: block operations (swap out, swap in, copy-on-write), the model, sampling."""
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Applies `plan`'s block ops in order swap_out, swap_in, copy, then runs its batch."""
+    def execute(self, plan: StepPlan) -> ModelOutput:
+        """Applies `plan`'s block ops in order swap_out, swap_in, copy, runs its batch and samples."""
         ...
 
     def now(self) -> float:

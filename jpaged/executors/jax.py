@@ -1,7 +1,8 @@
 """The real executor: block operations on the KV pool, then the jitted model step, on CPU or GPU(s).
 
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host swap space has the same
-layout in host (numpy) memory. Block operations run in the order the scheduler relies on:
+layout in host (numpy) memory. After the model step, the plan's sample rows are sampled on device
+(jpaged.sampling): only token ids and log-probabilities come back to the host. Block operations run in the order the scheduler relies on:
 swap out (frees device blocks), swap in (may reuse them), copy-on-write, then the model writes.
 Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
 
@@ -23,12 +24,13 @@ import numpy as np
 
 from jpaged import parallel
 from jpaged.config import EngineConfig
-from jpaged.executors.base import StepResult
+from jpaged.executors.base import ModelOutput
 from jpaged.checkpoint import load_params
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
+from jpaged.sampling import sample
 from jpaged.step_plan import StepPlan, bucket
 from pallas_kernels import cache_ops
 
@@ -88,8 +90,8 @@ class JaxExecutor:
         """Seconds since the executor was built."""
         return time.perf_counter() - self._start
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Applies swap-out, swap-in and copy-on-write, then runs the step; logits stay on device."""
+    def execute(self, plan: StepPlan) -> ModelOutput:
+        """Applies swap-out, swap-in and copy-on-write, runs the step and samples on device."""
         start = time.perf_counter()
         k_pool, v_pool = self.kv_pool
         if len(plan.swap_out_pairs):
@@ -100,13 +102,18 @@ class JaxExecutor:
             pairs = np.zeros((bucket(len(plan.copy_pairs), minimum=4), 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
-        logits = None
+        output = ModelOutput([], None, None, None, 0.0)
         if plan.num_seqs:
-            step = self.runner.prefill if plan.is_prefill else self.runner.decode
-            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)
-            logits.block_until_ready()
+            step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
+            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # logits stay on device
+            if plan.sampling is not None:
+                sampled = sample(logits, plan.sampling.batch)
+                output = ModelOutput(sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs, 0.0)
+            else:  # only prompt chunks that do not reach their ends: nothing to sample
+                logits.block_until_ready()
         self.kv_pool = (k_pool, v_pool)
-        return StepResult(logits, time.perf_counter() - start)
+        output.duration = time.perf_counter() - start
+        return output
 
     def _local_heads(self, index: tuple[slice, ...]) -> slice:
         """This process's host-pool slice of the global head range `index[1]` of a shard."""

@@ -1,26 +1,28 @@
 """SimExecutor: runs a StepPlan on a virtual clock, timing it with the roofline cost model.
 
-The scheduler and block manager run for real; only the model's step time is modeled. No logits
-are produced: under simulation output lengths come from the workload (EOS is ignored).
+The scheduler and block manager run for real; only the model's step time is modeled. There is
+no model, so sampled tokens are synthetic: every row gets SIMULATED_TOKEN (output lengths come
+from the workload, EOS is ignored), and beam rows get seeded random candidates, so that beams
+still branch, share and die as in a real search and memory sharing can be measured.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jpaged.executors.base import StepResult
+from jpaged.executors.base import ModelOutput
 from jpaged.models.presets import ModelSpec
 from jpaged.sim.cost_model import CostModel, CostModelConfig
 from jpaged.sim.gpus import GpuSpec, get_gpu
 from jpaged.sim.profiled import FittedCostModel
-from jpaged.step_plan import StepPlan
+from jpaged.step_plan import SampleRows, StepPlan
+
+# The token every simulated sample is (lengths come from max_tokens).
+SIMULATED_TOKEN = 0
 
 
 class SimExecutor:
-    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time.
-
-    Steps return no logits: the engine appends placeholder tokens (lengths come from max_tokens).
-    """
+    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time."""
 
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
@@ -34,22 +36,21 @@ class SimExecutor:
         self.busy_s = 0.0  # virtual seconds spent executing steps (the rest is idle waiting)
         self.num_steps = 0  # steps executed, including block-op-only steps
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Advances the clock by the plan's swap, copy and model time; returns that duration."""
+    def execute(self, plan: StepPlan) -> ModelOutput:
+        """Advances the clock by the plan's swap, copy and model time; samples synthetic tokens."""
         cost = self.cost_model
         duration = (cost.swap_time(len(plan.swap_out_pairs)) + cost.swap_time(len(plan.swap_in_pairs))
                     + cost.copy_time(len(plan.copy_pairs)))
-        n = plan.num_seqs
-        if n:
-            context_lens = plan.context_lens[:n]
-            if plan.is_prefill:
-                duration += cost.prefill_time(np.diff(plan.query_start_loc[:n + 1]), context_lens)
-            else:
-                duration += cost.decode_time(context_lens)
+        if plan.num_seqs:  # any mix of prompt chunks and decodes, priced in one step
+            duration += cost.step_time(plan.query_lens, plan.context_lens[: plan.num_seqs])
         self._clock += duration
         self.busy_s += duration
         self.num_steps += 1
-        return StepResult(logits=None, duration=duration)
+        rows = plan.sampling
+        if rows is None:
+            return ModelOutput([], None, None, None, duration)
+        top_ids, top_logprobs = synthetic_candidates(rows) if rows.num_top else (None, None)
+        return ModelOutput([SIMULATED_TOKEN] * len(rows), None, top_ids, top_logprobs, duration)
 
     def now(self) -> float:
         """The virtual clock in seconds."""
@@ -59,3 +60,26 @@ class SimExecutor:
         """Moves the clock forward to `t` (an idle engine waiting for the next arrival); never back."""
         if t > self._clock:
             self._clock = t
+
+
+def synthetic_candidates(rows: SampleRows) -> tuple[np.ndarray, np.ndarray]:
+    """Beam candidates without a model: seeded random log-probabilities, i32/f32[R, num_top].
+
+    The draws depend only on (seed, request, position, beam's rank among its group's rows), like
+    real sampling; rows that are not beams are left at -inf.
+    """
+    top_ids = np.zeros((len(rows), rows.num_top), np.int32)
+    top_logprobs = np.full((len(rows), rows.num_top), -np.inf)
+    seen: dict[int, int] = {}  # id(group) -> its beams so far in this step
+    for r, seq in enumerate(rows.seqs):
+        group = seq.group
+        params = group.sampling_params
+        if not params.use_beam_search:
+            continue
+        beam = seen.get(id(group), 0)
+        seen[id(group)] = beam + 1
+        k = 2 * params.n
+        rng = np.random.default_rng((params.seed, group.stream_base, len(seq), beam))
+        top_logprobs[r, :k] = -np.cumsum(rng.exponential(1.0, k))  # descending
+        top_ids[r, :k] = np.arange(SIMULATED_TOKEN, SIMULATED_TOKEN + k)
+    return top_ids, top_logprobs

@@ -56,9 +56,9 @@ def synthetic_plan(query_lens: list[int], context_lens: list[int], *,
     q, ctx = np.asarray(query_lens, np.int32), np.asarray(context_lens, np.int32)
     if n == 0 or (q < 1).any() or (q > ctx).any():
         raise ValueError("query_lens must be non-empty, each >= 1 and <= its context_lens")
-    is_prefill = bool((q > 1).any())  # what today's StepPlan asks; decode rows are those with query 1
     total = int(q.sum())
-    size_s, size_t = bucket(n), (bucket(total, minimum=16) if is_prefill else bucket(n))
+    # The scheduler's padding: a decode-only step has T == S; any chunk pads tokens separately.
+    size_s, size_t = bucket(n), (bucket(total, minimum=16) if (q > 1).any() else bucket(n))
     blocks = -(-ctx // block_size)
     tables = np.zeros((size_s, bucket(int(blocks.max()))), np.int32)
     starts = np.concatenate([[0], np.cumsum(blocks)[:-1]])
@@ -78,9 +78,9 @@ def synthetic_plan(query_lens: list[int], context_lens: list[int], *,
     context[:n] = ctx
     logits_indices = np.zeros(size_s, np.int32)
     logits_indices[:n] = qsl[1: n + 1] - 1
-    return StepPlan(is_prefill=is_prefill, num_seqs=n, num_tokens=total, token_ids=token_ids, positions=positions,
-                    slot_mapping=slots, query_start_loc=qsl, context_lens=context, block_tables=tables,
-                    logits_indices=logits_indices)
+    return StepPlan(num_seqs=n, num_tokens=total, max_query_len=int(q.max()), token_ids=token_ids,
+                    positions=positions, slot_mapping=slots, query_start_loc=qsl, context_lens=context,
+                    block_tables=tables, logits_indices=logits_indices)
 
 
 def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks: int, vocab_size: int,

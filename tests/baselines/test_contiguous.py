@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jpaged.baselines.contiguous import ContiguousBlockManager
-from jpaged.block_manager import AllocStatus
+from jpaged.kv_manager import AllocStatus
 
 BS = 16
 
@@ -38,10 +38,11 @@ def test_pow2_is_capped_at_max_model_len():
 def test_block_table_slots_and_append():
     bm = manager("oracle")
     bm.allocate(0, 8, 60)  # 60 tokens -> 4 blocks, region [1, 5)
-    row = bm.allocate(1, 17, 40)  # 40 tokens -> 3 blocks -> buddy 4: region [5, 9)
+    row = bm.admit(1, final_len=40, num_tokens=17)  # 40 tokens -> 3 blocks -> buddy 4: region [5, 9)
     assert bm.region(1) == (5, 4)
+    slots, _ = bm.append_slots(np.array([row]), np.array([17]))  # a 17-token prompt chunk
     np.testing.assert_array_equal(bm.block_table(1), [5, 6])
-    np.testing.assert_array_equal(bm.slot_mapping(row, 0, 17), np.arange(5 * BS, 5 * BS + 17))
+    np.testing.assert_array_equal(slots, np.arange(5 * BS, 5 * BS + 17))
     rows = np.array([bm.row_of(0), row])
     slots, pairs = bm.append_slots(rows)
     assert pairs == [] and slots.tolist() == [1 * BS + 8, 5 * BS + 17]
@@ -52,7 +53,7 @@ def test_block_table_slots_and_append():
     slots, _ = bm.append_slots(rows[1:])  # position 32 opens the third block
     assert slots.tolist() == [7 * BS]
     np.testing.assert_array_equal(bm.block_table(1), [5, 6, 7])
-    assert bm.num_tokens[row] == 33 and bm.blocks_needed_to_append(rows) == 0
+    assert bm.num_tokens[row] == 33
 
 
 def test_outgrowing_the_region_is_a_bug():
@@ -63,31 +64,32 @@ def test_outgrowing_the_region_is_a_bug():
         bm.append_slots(np.array([row]))
 
 
-def test_can_allocate_later_never_and_free_coalesces():
+def test_can_admit_later_never_and_free_coalesces():
     bm = manager("max", num_units=40)  # top blocks 32 + 8; max = 16 blocks
-    assert bm.can_allocate(10, 1, 20) is AllocStatus.OK
+    assert bm.can_admit(10, 10, final_len=20) is AllocStatus.OK
     bm.allocate(0, 10, 20)
     bm.allocate(1, 10, 20)
-    assert bm.can_allocate(10, 1, 20) is AllocStatus.LATER  # 8 blocks free, none of 16
+    assert bm.can_admit(10, 10, final_len=20) is AllocStatus.LATER  # 8 blocks free, none of 16
     bm.free(0)
-    assert bm.can_allocate(10, 1, 20) is AllocStatus.OK
+    assert bm.can_admit(10, 1, final_len=20) is AllocStatus.OK  # a chunk reserves the whole region too
     bm.free(1)
     assert bm.num_free_blocks == 40 and bm.usage() == 0.0
     big = manager("max", num_units=8)  # a 16-block reservation never fits in 8 blocks
-    assert big.can_allocate(10, 1, 20) is AllocStatus.NEVER
+    assert big.can_admit(10, 10, final_len=20) is AllocStatus.NEVER
     with pytest.raises(KeyError, match="sequence 5"):
         bm.free(5)
-    with pytest.raises(ValueError, match="num_seqs"):
-        bm.can_allocate(10, 0, 20)
+    with pytest.raises(ValueError, match="width"):
+        bm.can_admit(10, 10, width=0, final_len=20)
 
 
 def test_group_reserves_regions_and_fork_copies_the_parent():
     bm = manager("oracle", num_units=16)
-    assert bm.can_allocate(20, 3, 40) is AllocStatus.OK  # 3 blocks -> buddy 4; four fit in 16
-    assert bm.can_allocate(20, 5, 40) is AllocStatus.NEVER
-    row = bm.allocate(0, 20, 40, num_forks=2)
+    assert bm.can_admit(20, 20, width=3, final_len=40) is AllocStatus.OK  # 3 blocks -> buddy 4; four fit in 16
+    assert bm.can_admit(20, 20, width=5, final_len=40) is AllocStatus.NEVER
+    row = bm.allocate(0, 20, 40, width=3)
     assert bm.num_free_blocks == 16 - 3 * 4
-    assert bm.can_allocate(20, 2, 40) is AllocStatus.LATER and bm.can_allocate(20, 1, 40) is AllocStatus.OK
+    assert bm.can_admit(20, 20, width=2, final_len=40) is AllocStatus.LATER
+    assert bm.can_admit(20, 20, final_len=40) is AllocStatus.OK
     child = bm.fork(0, 1)
     assert bm.region(1) == (9, 4) and bm.num_tokens[child] == 20  # the last spare region
     np.testing.assert_array_equal(bm.block_table(1), [9, 10])
@@ -104,7 +106,7 @@ def test_group_reserves_regions_and_fork_copies_the_parent():
 
 def test_beam_fork_without_spare_waits_for_a_dropped_sibling():
     bm = manager("oracle", num_units=16)
-    bm.allocate(0, 20, 40, num_forks=1)
+    bm.allocate(0, 20, 40, width=2)
     bm.fork(0, 1)  # takes the spare
     child = bm.fork(0, 2)  # beam 0 had both kids; beam 1 is dropped after
     with pytest.raises(RuntimeError, match="no region"):
@@ -141,7 +143,7 @@ def test_usage_breakdown_by_hand():
     token, reserved, internal, external = bm.usage_breakdown()
     assert token == 120 and reserved == (44 - 20) + (132 - 100)
     assert internal == (64 - 44) + (256 - 132) and external == 0
-    assert token + reserved + internal == bm.token_slots_in_use()[1] == 20 * BS
+    assert token + reserved + internal == (bm.num_usable_blocks - bm.num_free_blocks) * BS == 20 * BS
     # Regions at [0,4) and [16,32) (the 4-block one split [0,16) into 4 + 4 + 8): free 4 + 8 + 32.
     # A next request needing 16 blocks can use only the 32-block top block.
     _, _, _, external = bm.usage_breakdown(next_request=(100, 200))

@@ -12,7 +12,8 @@ def engine(num_blocks=41, max_num_batched_tokens=2048):
     # max_model_len 256 = 16 blocks of 16; 40 blocks (top blocks 32 + 8) hold B = 2 reservations.
     config = EngineConfig(model=ModelConfig(name="opt-13b"),
                           cache=CacheConfig(block_size=16, num_blocks=num_blocks, num_host_blocks=0),
-                          scheduler=SchedulerConfig(max_model_len=256, max_num_batched_tokens=max_num_batched_tokens),
+                          scheduler=SchedulerConfig(max_num_seqs=64, max_model_len=256,
+                                                    max_num_batched_tokens=max_num_batched_tokens, policy="paper"),
                           executor="sim")
     return build_engine("fastertransformer", config)
 

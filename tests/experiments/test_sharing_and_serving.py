@@ -14,7 +14,7 @@ from jpaged.workloads import conversation_lengths
 
 def test_sharing_counts_by_hand():
     bm = BlockManager(20, 4, 0, max_model_len=64)
-    bm.allocate(0, 10, None)  # 3 blocks, the last one half full
+    bm.allocate(0, 10)  # 3 blocks, the last one half full
     bm.fork(0, 1)
     bm.fork(0, 2)
     assert sharing_counts(bm, [0, 1, 2]) == (3, 9)  # saving 1 - 3/9
