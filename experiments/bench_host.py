@@ -1,9 +1,10 @@
 """Host overhead of serving: scheduler + block manager + StepPlan building + token bookkeeping, no model.
 
 An offline ShareGPT-shaped trace (every request at time 0) runs through the real LLMEngine with an
-executor that does no work and returns no logits (every output token is a constant), so the wall
-time is all host-side Python + numpy. Reports microseconds per sequence-step: the cost the host adds
-to every token of every running sequence.
+executor that does no work (every sampled token is a constant), so the time is all host-side
+Python + numpy. For each scheduling policy it reports wall and CPU microseconds per
+sequence-step: the cost the host adds to every token of every running sequence. The peer
+comparison (nano-vllm's scheduler, interleaved runs) is experiments.bench_host_peer.
 
     python -m experiments.bench_host --config configs/bench_host.yaml
 """
@@ -40,6 +41,7 @@ class BenchHostConfig:
     output_sigma: float = 0.9
     num_samples: int = 1  # n per request; > 1 exercises fork and copy-on-write
     seed: int = 0
+    policies: list[str] = dataclasses.field(default_factory=lambda: ["paper", "chunked"])  # scheduler.policy runs
     cache: CacheConfig = dataclasses.field(default_factory=lambda: CacheConfig(
         block_size=16, num_blocks=984, num_host_blocks=984, enable_prefix_caching=True))  # 983 usable blocks x 16 = 15,728 slots
     scheduler: SchedulerConfig = dataclasses.field(default_factory=lambda: SchedulerConfig(
@@ -51,6 +53,8 @@ class BenchHostConfig:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {self.num_samples}")
+        if not self.policies or any(p not in ("paper", "chunked") for p in self.policies):
+            raise ValueError(f"policies must list 'paper' and/or 'chunked', got {self.policies}")
 
 
 class NullExecutor:
@@ -79,44 +83,51 @@ def make_trace(config: BenchHostConfig) -> tuple[np.ndarray, np.ndarray]:
     return prompts, np.clip(outputs, 4, max_len - prompts)
 
 
-def run(config: BenchHostConfig) -> dict:
-    """Serves the trace with no model; returns steps, sequence-steps and microseconds per sequence-step."""
-    engine = LLMEngine(EngineConfig(cache=config.cache, scheduler=config.scheduler, executor="sim"),
-                       executor=NullExecutor())
-    prompts, outputs = make_trace(config)
-    # Distinct random prompts: with prefix caching on, hits would otherwise be spurious.
-    rng = np.random.default_rng(config.seed + 1)
+def serve(config: BenchHostConfig, policy: str, prompts: list[list[int]], outputs: list[int],
+          show_progress: bool = True) -> dict:
+    """Serves the trace with `policy` and no model; returns steps, sequence-steps and the wall and CPU
+    seconds of the serving loop (admission of the requests excluded)."""
+    scheduler = dataclasses.replace(config.scheduler, policy=policy)
+    engine = LLMEngine(EngineConfig(cache=config.cache, scheduler=scheduler, executor="sim"), executor=NullExecutor())
     params = dict(n=config.num_samples, temperature=1.0 if config.num_samples > 1 else 0.0, ignore_eos=True)
-    for i, (p, o) in enumerate(zip(prompts.tolist(), outputs.tolist())):
-        engine.add_request(str(i), rng.integers(0, 50272, p).tolist(), SamplingParams(max_tokens=o, **params),
-                           arrival_time=0.0)
-    bar = tqdm(total=config.num_requests, desc="bench_host", mininterval=1.0)
+    for i, (prompt, output_len) in enumerate(zip(prompts, outputs)):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=output_len, **params), arrival_time=0.0)
+    bar = tqdm(total=len(prompts), desc=f"bench_host {policy}", mininterval=1.0, disable=not show_progress)
     # What the process already holds (other experiments, under reproduce_all) is frozen out of the
     # cyclic GC, as vLLM does after start-up: the timing is the engine's, not the heap's size.
     gc.collect()
     gc.freeze()
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     while engine.has_unfinished():
         bar.update(len(engine.step()))
-    elapsed = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     gc.unfreeze()
     bar.close()
     stats = engine.kv_stats()
     seq_steps = engine.num_seq_steps
-    result = {
-        "steps": engine.num_steps,
-        "seq_steps": seq_steps,
-        "us_per_seq_step": elapsed / seq_steps * 1e6,
-        "wall_s": elapsed,
-        "num_requests": config.num_requests,
-        "num_preemptions": stats["num_preemptions"],
-        "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
-        "target_us_per_seq_step": 2.0,
-        "provenance": provenance(config, seed=config.seed, device="host (no model)"),
-    }
-    print(f"steps            {result['steps']}\nseq_steps        {result['seq_steps']}\n"
-          f"us_per_seq_step  {result['us_per_seq_step']:.3f}\nwall_s           {elapsed:.2f}\n"
-          f"num_preemptions  {result['num_preemptions']}")
+    return {"policy": policy, "steps": engine.num_steps, "seq_steps": seq_steps, "wall_s": wall, "cpu_s": cpu,
+            "us_per_seq_step": wall / seq_steps * 1e6, "cpu_us_per_seq_step": cpu / seq_steps * 1e6,
+            "num_preemptions": stats["num_preemptions"], "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"]}
+
+
+def trace_prompts(config: BenchHostConfig) -> tuple[list[list[int]], list[int]]:
+    """The trace's prompts (distinct random ids: with prefix caching on, hits would otherwise be
+    spurious) and output lengths."""
+    prompt_lens, outputs = make_trace(config)
+    rng = np.random.default_rng(config.seed + 1)
+    return [rng.integers(0, 50272, p).tolist() for p in prompt_lens.tolist()], outputs.tolist()
+
+
+def run(config: BenchHostConfig) -> dict:
+    """Serves the trace once per policy; returns (and writes) the per-policy host costs."""
+    prompts, outputs = trace_prompts(config)
+    runs = [serve(config, policy, prompts, outputs) for policy in config.policies]
+    result = {"runs": runs, "num_requests": config.num_requests,
+              "provenance": provenance(config, seed=config.seed, device="host (no model)")}
+    for r in runs:
+        print(f"{r['policy']:<8} steps {r['steps']}  seq_steps {r['seq_steps']}  "
+              f"us_per_seq_step {r['us_per_seq_step']:.3f} (cpu {r['cpu_us_per_seq_step']:.3f})  "
+              f"wall_s {r['wall_s']:.2f}  num_preemptions {r['num_preemptions']}")
     write_json(REPO_ROOT / config.output, result)
     return result
 

@@ -35,7 +35,7 @@ def point_metrics(result: TraceResult) -> dict:
     """The paper's and vLLM's metrics of one served trace (keys as in results/throughput.json)."""
     summary = summarize_requests(result.records)
     return {"normalized_latency": summary.pop("normalized_latency_s"),
-            "avg_batched_requests": result.avg_batched_requests,
+            "avg_batched_requests": result.avg_batched_requests, **result.batch_sizes,
             "num_preemptions": result.num_preemptions, "num_rejected": result.num_rejected,
             "num_steps": result.num_steps, "end_time_s": result.end_time_s, "wall_s": result.wall_s, **summary}
 

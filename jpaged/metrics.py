@@ -82,6 +82,16 @@ def summarize_requests(records: Sequence[RequestRecord], duration_s: float | Non
     return summary
 
 
+def summarize_token_times(token_times: dict[str, list[float]]) -> dict[str, float]:
+    """Inter-token latency (ITL): the gaps between consecutive tokens of each request, pooled over
+    requests as vLLM's benchmark_serving pools them; mean / median / std / p90 / p99 in ms.
+
+    `token_times` maps a request to the clock at each of its tokens (the trace runner records it).
+    """
+    gaps = [np.diff(times) for times in token_times.values() if len(times) > 1]
+    return _stats("itl", np.concatenate(gaps) if gaps else np.zeros(0))
+
+
 class _WindowedSums:
     """Duration-weighted sums of a few quantities over the whole run and over the steady state."""
 
@@ -108,26 +118,6 @@ class _WindowedSums:
     def warmup_s(self) -> float | None:
         """Recorded seconds before the steady-state window opened; None while it has not."""
         return self.whole_s - self.steady_s if self.window_open else None
-
-
-class BatchSizeAccumulator:
-    """Sequences per step, time-weighted: what the trace runner records today.
-
-    `BatchOccupancyAccumulator` reports both of Fig. 13's definitions and a steady-state window.
-    """
-
-    def __init__(self) -> None:
-        self._weighted = 0.0  # sum of num_seqs x duration, seq-seconds
-        self._time = 0.0  # sum of durations of recorded steps, seconds
-
-    def add(self, duration: float, num_seqs: int) -> None:
-        """Records a step of `duration` seconds that ran `num_seqs` sequences."""
-        self._weighted += num_seqs * duration
-        self._time += duration
-
-    def mean(self) -> float:
-        """Time-averaged batch size over the recorded steps (0 when none)."""
-        return self._weighted / self._time if self._time > 0 else 0.0
 
 
 class BatchOccupancyAccumulator:

@@ -47,6 +47,7 @@ class SchedulerOutput:
     admitted: list[SequenceGroup]  # groups scheduled for the first time in this step
     rejected: list[tuple[SequenceGroup, str]]  # groups that can never run, with the reason
     num_preempted: int  # groups preempted in this step
+    kv_full: bool  # blocks ran out: a preemption, or a waiting group held back for lack of blocks
 
 
 class Scheduler:
@@ -82,6 +83,7 @@ class Scheduler:
         # a prefix with or None, shared tokens, shared blocks).
         self._joining: dict[int, tuple[Sequence | None, int, int]] = {}
         self._rejected: list[tuple[SequenceGroup, str]] = []
+        self._held_back = False  # this step's admission stopped for lack of blocks
         self._builder: PlanBuilder | None = None
         self._seq_ids = 0
 
@@ -163,6 +165,7 @@ class Scheduler:
         """The three passes (policies that gate admission override `schedule` around this)."""
         self._builder = builder = PlanBuilder(self.block_manager)
         self._rejected = []
+        self._held_back = False
         budget = [self.config.max_num_batched_tokens]  # tokens left this step (a cell the passes update)
         admitted: list[SequenceGroup] = []
         preempted = 0
@@ -177,7 +180,7 @@ class Scheduler:
         self.num_preemptions += preempted
         self._builder = None
         plan = builder.build(all_single=self._num_multi_running == 0)
-        return SchedulerOutput(plan, admitted, self._rejected, preempted)
+        return SchedulerOutput(plan, admitted, self._rejected, preempted, preempted > 0 or self._held_back)
 
     def _schedule_running(self, builder: PlanBuilder, budget: list[int]) -> int:
         """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones."""
@@ -368,6 +371,7 @@ class Scheduler:
                                     f"({bm.num_usable_blocks} blocks)")
                 continue
             if status is AllocStatus.LATER:
+                self._held_back = True
                 break
             self.waiting.popleft()
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))

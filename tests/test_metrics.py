@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jpaged.baselines.buddy import BuddyAllocator, reservation
-from jpaged.metrics import (BatchOccupancyAccumulator, BatchSizeAccumulator, KVUsageAccumulator, RequestRecord,
+from jpaged.metrics import (BatchOccupancyAccumulator, KVUsageAccumulator, RequestRecord,
                             summarize_requests)
 
 
@@ -33,13 +33,6 @@ def test_request_summary_rejects_bad_records():
         summarize_requests([])
     with pytest.raises(ValueError, match="arrival <= first_scheduled"):
         summarize_requests([RequestRecord(0, 1.0, 0.5, 1.0, 2.0, 4, 4)])
-
-
-def test_batch_size_is_time_weighted():
-    acc = BatchSizeAccumulator()
-    acc.add(1.0, 4)
-    acc.add(3.0, 8)
-    assert acc.mean() == pytest.approx(7.0)
 
 
 def test_batch_occupancy_both_definitions_and_steady_state():
