@@ -219,7 +219,7 @@ class BlockManager:
 
     # ------------------------------------------------------------------ append (every step)
 
-    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None
+    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None, *, may_share: bool = True
                      ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """Gives row `rows[i]` slots for `counts[i]` more tokens (default one each), or returns None
         (changing nothing) if blocks run out.
@@ -228,10 +228,11 @@ class BlockManager:
         written is copied first (copy-on-write). Returns the slots i32[sum(counts)] (row after
         row, positions in order) and the (src, dst) copy pairs. The one-token case runs every
         decode step for every sequence: one pass of vectorized numpy, with Python loops only
-        over the few rows that open a block or copy one.
+        over the few rows that open a block or copy one. `may_share=False` (no row has forked
+        siblings) skips the copy-on-write check: prefix-cache sharing covers full blocks only.
         """
         if counts is None:
-            return self._append_one(rows)
+            return self._append_one(rows, may_share)
         bs = self.block_size
         pos = self.num_tokens[rows]  # [n] first new position of each row
         end = pos + counts
@@ -244,11 +245,11 @@ class BlockManager:
         if int(new_blocks.sum()) + int(cow.sum()) > self.num_free_blocks:
             return None
         copy_pairs: list[tuple[int, int]] = []
-        for i in np.flatnonzero(cow).tolist():
+        for i in cow.nonzero()[0].tolist():
             src, row = int(last[i]), int(rows[i])
             if self.refcount[src] > 1:  # re-checked: an earlier row may have copied it already
                 copy_pairs.append((src, self._copy_on_write(row, int(have[i]) - 1, src)))
-        for i in np.flatnonzero(new_blocks).tolist():
+        for i in new_blocks.nonzero()[0].tolist():
             row, first = int(rows[i]), int(have[i])
             blocks = [self._take_block() for _ in range(int(new_blocks[i]))]
             self.block_tables[row, first: first + len(blocks)] = blocks
@@ -262,7 +263,7 @@ class BlockManager:
         slots = self.block_tables[token_rows, positions // bs] * bs + positions % bs
         return slots.astype(np.int32, copy=False), copy_pairs
 
-    def _append_one(self, rows: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+    def _append_one(self, rows: np.ndarray, may_share: bool) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         bs = self.block_size
         pos = self.num_tokens[rows]
         logical = pos // bs
@@ -271,7 +272,9 @@ class BlockManager:
         # block never looks shared. An index past the table width raises IndexError: the engine
         # finishes every sequence at max_model_len, so that is a caller bug.
         last = self.block_tables[rows, logical]  # [n] physical block each row writes into
-        needs_block = np.flatnonzero((offset == 0) | (self.refcount[last] > 1)).tolist()
+        opens = offset == 0
+        needs = (opens | (self.refcount[last] > 1)) if may_share else opens
+        needs_block = needs.nonzero()[0].tolist()
         if len(needs_block) > self.num_free_blocks:
             return None
         copy_pairs: list[tuple[int, int]] = []
@@ -290,7 +293,9 @@ class BlockManager:
                 continue
             last[i] = block
         self.num_tokens[rows] = pos + 1
-        return (last * bs + offset).astype(np.int32, copy=False), copy_pairs
+        last *= bs
+        last += offset
+        return last, copy_pairs
 
     def _copy_on_write(self, row: int, index: int, src: int) -> int:
         """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""

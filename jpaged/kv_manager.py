@@ -77,9 +77,10 @@ class KVCacheManager(Protocol):
               num_tokens: int | None = None) -> int:
         """Starts a group's first sequence holding its cached prefix; returns its row."""
 
-    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None
+    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None, *, may_share: bool = True
                      ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
-        """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out of blocks."""
+        """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
+        of blocks; `may_share=False` promises no row shares its last block with a fork."""
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """A new sequence of the parent's group holding the parent's first `num_blocks` blocks (default all)."""

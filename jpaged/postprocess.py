@@ -34,7 +34,7 @@ class Postprocessor:
         rows = out.plan.sampling
         if rows is not None:
             tokens = result.token_ids
-            tokens = tokens.tolist() if hasattr(tokens, "tolist") else tokens
+            tokens = tokens if isinstance(tokens, list) else tokens.tolist()
             logprobs = None if result.logprobs is None else result.logprobs.tolist()
             for group in rows.first_token_groups:
                 group.first_token_time = now

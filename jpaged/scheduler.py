@@ -84,6 +84,11 @@ class Scheduler:
         self._joining: dict[int, tuple[Sequence | None, int, int]] = {}
         self._rejected: list[tuple[SequenceGroup, str]] = []
         self._held_back = False  # this step's admission stopped for lack of blocks
+        # Admission of the queue's head is retried every step; while nothing it depends on has
+        # changed since it was held back, the retry is skipped (the key of that attempt).
+        self._held_back_key: tuple | None = None
+        self._held_back_free = 0  # free blocks when it was held back (fewer cannot be enough)
+        self._kv_events = 0  # frees, admissions, forks, swaps and cache inserts so far (see _admit_key)
         self._builder: PlanBuilder | None = None
         self._seq_ids = 0
 
@@ -121,6 +126,7 @@ class Scheduler:
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
         self.block_manager.fork(parent.seq_id, child.seq_id)
+        self._kv_events += 1
         self._batch = None
 
     def remove_finished(self) -> None:
@@ -133,6 +139,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self._joining.pop(seq.seq_id, None)
+        self._kv_events += 1
         bm = self.block_manager
         if bm.has_seq(seq.seq_id):
             if self.prefix_caching:
@@ -195,8 +202,8 @@ class Scheduler:
                 all_rows = np.concatenate([rows, chunk_rows])
                 counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
                 appended = bm.append_slots(all_rows, counts)
-            elif len(rows):
-                appended = bm.append_slots(rows)
+            elif len(rows):  # only forked sequences (n > 1, beams) can write into a shared block
+                appended = bm.append_slots(rows, may_share=self._num_multi_running > 0)
             else:
                 return num_preempted
             if appended is not None:
@@ -254,6 +261,7 @@ class Scheduler:
                 self._partial.remove(group)
                 self._batch = None
             if self.prefix_caching:
+                self._kv_events += 1
                 for seq in live:
                     if self._resident(seq):
                         self.block_manager.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
@@ -274,6 +282,7 @@ class Scheduler:
     def _preempt(self, group: SequenceGroup) -> None:
         """Evicts a whole group: swap when configured and room allows, else recompute."""
         bm = self.block_manager
+        self._kv_events += 1
         resident = [s for s in group.live_seqs() if bm.has_seq(s.seq_id)]
         whole = len(resident) == len(group.live_seqs())  # a group still joining its blocks recomputes
         ids = [s.seq_id for s in resident]
@@ -311,6 +320,7 @@ class Scheduler:
                 break
             self.swapped.popleft()
             pairs = bm.swap_in(ids)
+            self._kv_events += 1
             builder.swap_in(pairs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
@@ -336,6 +346,10 @@ class Scheduler:
         while self.waiting and self._may_admit():
             group = self.waiting[0]
             if self._num_running_seqs + group.width > self.config.max_num_seqs:
+                break
+            key = self._admit_key(group, budget[0])
+            if key == self._held_back_key and bm.num_free_blocks <= self._held_back_free:
+                self._held_back = True  # nothing changed since it was held back but fewer free blocks
                 break
             seqs = group.live_seqs()
             leader, followers = seqs[0], seqs[1:]
@@ -372,8 +386,10 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER:
                 self._held_back = True
+                self._held_back_key, self._held_back_free = key, bm.num_free_blocks
                 break
             self.waiting.popleft()
+            self._kv_events += 1
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
             self.num_cached_tokens += cached
             self.num_prompt_tokens += sum(len(s) for s in seqs)
@@ -404,6 +420,12 @@ class Scheduler:
         builder.add([seq], rows, counts, slots, copies)
         seq.num_computed_tokens += count
         budget[0] -= count
+
+    def _admit_key(self, group: SequenceGroup, budget: int) -> tuple:
+        """What a held-back admission of `group` depends on besides the free blocks (fewer of which
+        cannot help): the group and its length, every block event since (frees, admissions, forks,
+        swaps, cache inserts), the headroom rule and both budgets."""
+        return (id(group), len(group.seqs[0]), self._kv_events, bool(self.running), self._num_running_seqs, budget)
 
     def _may_admit(self) -> bool:
         """Whether new groups may join now (request-level batching closes this between batches)."""
@@ -452,6 +474,7 @@ class Scheduler:
     def _attach(self, seq: Sequence) -> None:
         """Gives a joining sequence of a recomputed group its row, forking its shared prefix."""
         source, tokens, blocks = self._joining.pop(seq.seq_id)
+        self._kv_events += 1
         if source is None:
             self.block_manager.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq))
         else:

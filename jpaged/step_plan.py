@@ -28,11 +28,19 @@ _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 
 
 def bucket(n: int, minimum: int = 8) -> int:
-    """Smallest power of two >= max(n, minimum): the padded size of a dimension of length n."""
-    size = minimum
-    while size < n:
-        size *= 2
-    return size
+    """Smallest power of two >= max(n, minimum) (`minimum` a power of two): the padded size of a
+    dimension of length n."""
+    return minimum if n <= minimum else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_ranges(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query_start_loc i32[size + 1], logits_indices i32[size]) of a decode step of n sequences
+    padded to size: sequence s owns token row s; padded sequences own none. Read-only, shared."""
+    query_start_loc = np.minimum(np.arange(size + 1, dtype=np.int32), n)
+    logits_indices = np.arange(size, dtype=np.int32)
+    query_start_loc.flags.writeable = logits_indices.flags.writeable = False
+    return query_start_loc, logits_indices
 
 
 def pairs_array(pairs: list[tuple[int, int]]) -> np.ndarray:
@@ -195,6 +203,8 @@ class PlanBuilder:
     def _table(self, rows: np.ndarray, longest: int, size: int) -> np.ndarray:
         kv = self.kv
         width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
+        if len(rows) == size:  # no padded rows: the gather is already a fresh array
+            return kv.block_tables[rows, :width]
         tables = np.zeros((size, width), np.int32)
         tables[: len(rows)] = kv.block_tables[rows, :width]
         return tables
@@ -204,23 +214,17 @@ class PlanBuilder:
         else some may be one-token prompt chunks."""
         n = len(seqs)
         size = bucket(n)
-        # One allocation for the five per-row vectors (this runs every decode step).
-        buffer = np.zeros(5 * size + 1, np.int32)
-        token_ids, context_lens, slot_mapping, logits_indices, query_start_loc = (
-            buffer[:size], buffer[size:2 * size], buffer[2 * size:3 * size], buffer[3 * size:4 * size],
-            buffer[4 * size:])
+        # One allocation for the four per-row vectors (this runs every decode step).
+        token_ids, positions, slot_mapping, context_lens = np.zeros((4, size), np.int32)
         lengths = self.kv.num_tokens[rows]  # tokens with a slot, this step's included
         context_lens[:n] = lengths
-        positions = context_lens - 1
-        positions[n:] = 0
+        positions[:n] = lengths - 1
+        slot_mapping[:n] = slots
         if last_tokens:
             token_ids[:n] = [s.token_ids[-1] for s in seqs]
         else:
             token_ids[:n] = [s.token_ids[p] for s, p in zip(seqs, positions[:n].tolist())]
-        slot_mapping[:n] = slots
-        logits_indices[:n] = np.arange(n)
-        query_start_loc[: n + 1] = np.arange(n + 1)
-        query_start_loc[n + 1:] = n
+        query_start_loc, logits_indices = _decode_ranges(n, size)
         tables = self._table(rows, int(lengths.max()) if n else 1, size)
         return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         tables, logits_indices)
@@ -257,7 +261,8 @@ def _sample_rows(segments, all_single: bool) -> SampleRows | None:
     chunk reaches their end. With `all_single` no row forks or searches beams (the fast path).
     """
     if all_single and len(segments) == 1 and segments[0][2] is None:  # the steady state: all decode
-        return SampleRows(segments[0][0], np.arange(len(segments[0][0]), dtype=np.int32), None, 0, True, [])
+        n = len(segments[0][0])
+        return SampleRows(segments[0][0], _decode_ranges(n, bucket(n))[1][:n], None, 0, True, [])
     seqs: list[Sequence] = []
     logits_rows: list[int] = []
     indices: list[int] = []

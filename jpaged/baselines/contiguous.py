@@ -219,11 +219,11 @@ class ContiguousBlockManager:
 
     # ------------------------------------------------------------------ append (every step)
 
-    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None
+    def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None, *, may_share: bool = True
                      ) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """Gives row `rows[i]` the next `counts[i]` slots (default one) of its region: slot = base * B
-        + position. Never fails. The copy pairs returned are the forks' copies issued since the
-        last call (none without forks)."""
+        + position. Never fails (and nothing is ever shared: `may_share` is moot). The copy pairs
+        returned are the forks' copies issued since the last call (none without forks)."""
         copies = [pair for pairs in self._copies.values() for pair in pairs]
         for pairs in self._copies.values():
             pairs.clear()
@@ -238,7 +238,7 @@ class ContiguousBlockManager:
             raise RuntimeError("a sequence outgrew its contiguous reservation")
         have = self.num_table_blocks[rows]
         used = (end + bs - 1) // bs
-        for i in np.flatnonzero(used > have).tolist():  # rows that open blocks of their region
+        for i in (used > have).nonzero()[0].tolist():  # rows that open blocks of their region
             row, first = int(rows[i]), int(base[i])
             self.block_tables[row, have[i]: used[i]] = np.arange(first + have[i], first + used[i])
             self.num_table_blocks[row] = used[i]
