@@ -78,6 +78,8 @@ class Tokenizer:
         """Wraps `backend` with tokenizer_config.json's settings (`config`); see `from_dir`."""
         self.backend = backend
         self.source = source
+        # The decoder's type ("ByteLevel", "Sequence", ...): detokenizers pick their algorithm by it.
+        self.decoder_type: str | None = (json.loads(backend.to_str()).get("decoder") or {}).get("type")
         self.chat_template = template
         self.special_tokens: dict[str, str] = {}  # bos_token -> "<|bos|>", ... (the chat template's variables)
         for name in _SPECIAL_NAMES:
