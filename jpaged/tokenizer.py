@@ -6,23 +6,25 @@
   chat template (or chat_template.jinja beside it);
 - generation_config.json and config.json, for the end-of-sequence ids generation stops at.
 
-Special-token handling follows transformers 5: when tokenizer_config.json sets add_bos_token or
-add_eos_token (or tokenizer.json has no post-processor), the post-processor is rebuilt from them;
-otherwise tokenizer.json's own post-processor decides what `encode(add_special_tokens=True)` adds.
-Pure Python, no jax.
+What `encode(add_special_tokens=True)` adds (BOS, usually) is decided by tokenizer.json's
+post-processor alone, as in transformers 5, which drops tokenizer_config's add_bos_token /
+add_eos_token whenever a tokenizer.json exists; a flag that disagrees with the post-processor is
+logged as a warning. Pure Python, no jax.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import processors
 
 from jpaged.chat_template import ChatTemplateError, render as render_chat
+
+log = logging.getLogger(__name__)
 
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -100,8 +102,7 @@ class Tokenizer:
         for token_id in self.eos_token_ids:
             if not 0 <= token_id < self.vocab_size:
                 raise ValueError(f"{source}: eos_token_id {token_id} is outside the vocabulary [0, {self.vocab_size})")
-        if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
-            self._set_post_processor(bool(config.get("add_bos_token", False)), bool(config.get("add_eos_token", False)))
+        self._warn_on_ignored_flags(config)
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> Tokenizer:
@@ -129,14 +130,15 @@ class Tokenizer:
         content = self.special_tokens.get(name)
         return None if content is None else self.backend.token_to_id(content)
 
-    def _set_post_processor(self, add_bos: bool, add_eos: bool) -> None:
-        """Rebuilds the post-processor from add_bos_token / add_eos_token, as transformers 5 does."""
-        bos, eos = self.special_tokens.get("bos_token"), self.special_tokens.get("eos_token")
-        add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
-        single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
-        pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
-        special = ([(bos, self.bos_token_id)] if add_bos else []) + ([(eos, self.eos_token_id)] if add_eos else [])
-        self.backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+    def _warn_on_ignored_flags(self, config: Mapping[str, Any]) -> None:
+        """Logs add_bos_token / add_eos_token values that tokenizer.json's post-processor contradicts."""
+        probe = self.backend.encode("a", add_special_tokens=True).ids
+        for flag, token_id, added in (("add_bos_token", self.bos_token_id, probe[:1] == [self.bos_token_id]),
+                                      ("add_eos_token", self.eos_token_id, probe[-1:] == [self.eos_token_id])):
+            if flag in config and token_id is not None and bool(config[flag]) != added:
+                log.warning("%s: tokenizer_config.json has %s=%s but tokenizer.json's post-processor %s it; "
+                            "the post-processor decides (as in transformers 5)", self.source, flag,
+                            config[flag], "adds" if added else "does not add")
 
     @property
     def vocab_size(self) -> int:

@@ -60,10 +60,12 @@ def _copy_with_config(tmp_path, **changes):
     return directory
 
 
-def test_add_bos_and_eos_flags_rebuild_the_post_processor(tmp_path):
+def test_tokenizer_json_decides_bos_and_contradicting_flags_warn(tmp_path, caplog):
     plain = Tokenizer.from_dir(_copy_with_config(tmp_path, add_bos_token=False, add_eos_token=True))
     ids = plain.encode("x = 1")
-    assert ids[0] != plain.bos_token_id and ids[-1] == plain.eos_token_id
+    assert ids[0] == plain.bos_token_id and ids[-1] != plain.eos_token_id  # as transformers 5 does
+    assert "add_bos_token=False but tokenizer.json's post-processor adds it" in caplog.text
+    assert "add_eos_token=True but tokenizer.json's post-processor does not add it" in caplog.text
     assert plain.eos_token_ids == (2,)  # no generation_config.json in this directory
 
 

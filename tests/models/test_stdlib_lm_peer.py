@@ -1,0 +1,50 @@
+"""The asset model equals Hugging Face transformers' LlamaForCausalLM loaded from the same directory.
+
+Skips without torch / transformers (the peer extra). Nothing is downloaded: transformers reads
+assets/stdlib-lm (config.json, model.safetensors, generation_config.json) as `save_pretrained` wrote it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="peer test needs torch (pip install torch==2.13.0)")
+transformers = pytest.importorskip("transformers", reason="peer test needs transformers")
+
+from experiments.lm_eval import greedy  # noqa: E402
+from jpaged.checkpoint import import_hf  # noqa: E402
+from jpaged.models.decoder import dense_forward  # noqa: E402
+from jpaged.tokenizer import Tokenizer  # noqa: E402
+
+from tests.models.test_stdlib_lm import ASSET, SNIPPET  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def peer():
+    # float32 on both sides: the stored bfloat16 weights upcast exactly, so logits must agree to rounding.
+    return transformers.LlamaForCausalLM.from_pretrained(ASSET, dtype=torch.float32).eval()
+
+
+def test_logits_equal_transformers(peer):
+    spec, params = import_hf(ASSET)
+    tok = Tokenizer.from_dir(ASSET)
+    for text in (SNIPPET, "日本語 🙂 def f(x):\n    return x"):
+        ids = np.asarray([tok.encode(text)], np.int32)
+        with torch.no_grad():
+            want = peer(torch.from_numpy(ids).long()).logits.numpy()
+        got = np.asarray(dense_forward(spec, params, ids))
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-4
+
+
+def test_greedy_generation_equals_transformers(peer):
+    spec, params = import_hf(ASSET)
+    tok = Tokenizer.from_dir(ASSET)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function `is_even(n)`."}],
+                                     add_generation_prompt=True, tokenize=True)
+    assert peer.generation_config.eos_token_id == list(tok.eos_token_ids)
+    with torch.no_grad():
+        out = peer.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
+    ours = greedy(spec, params, [prompt], 32, stop_ids=tok.eos_token_ids, seq_len=128)[0]
+    # transformers pads past its EOS; ours stops after the EOS token.
+    assert out[:len(ours)] == ours
