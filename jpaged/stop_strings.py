@@ -29,7 +29,8 @@ def _check_stops(stop: Sequence[str]) -> tuple[str, ...]:
 class StopChecker:
     """One sequence's output text, checked for stop strings as it grows."""
 
-    __slots__ = ("stops", "include_stop", "stopped_by", "_chunks", "_tail", "_unsent", "_sent", "_max_len")
+    __slots__ = ("stops", "include_stop", "stopped_by", "_chunks", "_tail", "_unsent", "_sent", "_max_len",
+                 "_prefixes_by_last_char")
 
     def __init__(self, stop: Sequence[str] = (), include_stop_str_in_output: bool = False) -> None:
         """`stop`: the stop strings (a str is one stop string); empty strings are an error."""
@@ -37,6 +38,12 @@ class StopChecker:
         self.include_stop = include_stop_str_in_output
         self.stopped_by: str | None = None  # the stop string that ended the text, once one has
         self._max_len = max(map(len, self.stops), default=0)
+        # Proper prefixes of the stop strings by their last character, longest first: a held-back
+        # tail must end with the text's last character, so most steps test no prefix at all.
+        prefixes = sorted({s[:k] for s in self.stops for k in range(1, len(s))}, key=len, reverse=True)
+        self._prefixes_by_last_char: dict[str, list[str]] = {}
+        for p in prefixes:
+            self._prefixes_by_last_char.setdefault(p[-1], []).append(p)
         self._chunks: list[str] = []  # the text, joined on demand (no quadratic concatenation)
         self._tail = ""  # the text's last max_len - 1 characters: where a new match can start
         self._unsent: list[str] = []  # text after the first _sent characters, not yet returned
@@ -77,10 +84,11 @@ class StopChecker:
 
     def _held_back(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        for k in range(min(len(self._tail), self._max_len - 1), 0, -1):
-            piece = self._tail[-k:]
-            if any(len(s) > k and s.startswith(piece) for s in self.stops):
-                return k
+        if not self._tail:
+            return 0
+        for prefix in self._prefixes_by_last_char.get(self._tail[-1], ()):
+            if self._tail.endswith(prefix):
+                return len(prefix)
         return 0
 
     def take_delta(self, finished: bool = False) -> str:

@@ -4,7 +4,7 @@
 - tokenizer.json, with the `tokenizers` library (the Rust tokenizer transformers' fast tokenizers wrap);
 - tokenizer_config.json: special tokens (bos/eos/unk/pad), add_bos_token / add_eos_token, and the
   chat template (or chat_template.jinja beside it);
-- generation_config.json and config.json, for the end-of-sequence ids generation stops at.
+- generation_config.json (or else config.json), for the end-of-sequence ids generation stops at.
 
 What `encode(add_special_tokens=True)` adds (BOS, usually) is decided by tokenizer.json's
 post-processor alone, as in transformers 5, which drops tokenizer_config's add_bos_token /
@@ -97,7 +97,7 @@ class Tokenizer:
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
         stops = ([self.eos_token_id] if self.eos_token_id is not None else []) + list(generation_eos_ids)
         # Where generation stops by default: the tokenizer's eos plus generation_config's list (chat
-        # models list their end-of-turn token there), in that order, without repeats.
+        # models list their end-of-turn token there), in that order, without repeats (as vLLM).
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(stops))
         for token_id in self.eos_token_ids:
             if not 0 <= token_id < self.vocab_size:
@@ -117,13 +117,15 @@ class Tokenizer:
             raise ValueError(f"{path}: cannot be read by the tokenizers library ({exc})") from None
         config_path = directory / "tokenizer_config.json"
         config = _read_json(config_path)
-        template = _pick_template(config.get("chat_template"), config_path)
+        # A chat_template.jinja file takes priority over the config's entry, as in transformers 5.
         jinja_file = directory / "chat_template.jinja"
-        if template is None and jinja_file.is_file():
-            template = jinja_file.read_text(encoding="utf-8")
+        template = (jinja_file.read_text(encoding="utf-8") if jinja_file.is_file()
+                    else _pick_template(config.get("chat_template"), config_path))
+        # generation_config.json's eos ids (transformers' generate stops at them), else config.json's.
         gen_path, model_path = directory / "generation_config.json", directory / "config.json"
-        eos = _id_list(_read_json(gen_path).get("eos_token_id"), f"{gen_path}: eos_token_id")
-        eos += _id_list(_read_json(model_path).get("eos_token_id"), f"{model_path}: eos_token_id")
+        gen_config = _read_json(gen_path)
+        eos_path = gen_path if "eos_token_id" in gen_config else model_path
+        eos = _id_list(_read_json(eos_path).get("eos_token_id"), f"{eos_path}: eos_token_id")
         return cls(backend, config, generation_eos_ids=eos, template=template, source=str(directory))
 
     def _special_id(self, name: str) -> int | None:

@@ -134,3 +134,9 @@ def test_no_template_is_a_clear_error(tmp_path):
         plain.apply_chat_template(CHAT)
     (tmp_path / "tok" / "chat_template.jinja").write_text("{{ messages | length }}")
     assert Tokenizer.from_dir(tmp_path / "tok").apply_chat_template(CHAT) == "4"
+
+
+def test_chat_template_file_wins_over_the_config(tmp_path):
+    directory = _copy_with_config(tmp_path)
+    (directory / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    assert Tokenizer.from_dir(directory).apply_chat_template(CHAT) == "<|bos|>Be brief."
