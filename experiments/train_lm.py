@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -57,7 +58,7 @@ class TrainLMConfig:
     rope_theta: float = 10000.0  # RoPE base
     rms_norm_eps: float = 1e-5  # RMSNorm epsilon
     seed: int = 0  # initialisation, document order and training windows
-    steps: int = 900  # optimizer steps
+    steps: int = 800  # optimizer steps
     batch_size: int = 16  # short windows per step (tokens per step: batch_size * short_seq_len)
     learning_rate: float = 3e-3  # peak AdamW learning rate (linear warmup, cosine decay to 10%)
     warmup_steps: int = 60  # warmup steps
@@ -109,7 +110,7 @@ def train(config: TrainLMConfig, spec, stream: np.ndarray) -> tuple[dict, list[f
         logits = lm_model.forward(spec, params, tokens[:, :-1])
         return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(0, 1))  # update the parameters and moments in place
     def step(params, opt_state, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -151,6 +152,7 @@ def _save_model(directory: Path, hf: dict, tok: Tokenizer, spec, params) -> None
 def run(config: TrainLMConfig) -> dict:
     """Corpus -> tokenizer -> model -> saved HF directory -> evaluation of the saved files; the summary."""
     wall0, load0 = time.perf_counter(), os.getloadavg()
+    provenance = common.provenance(config, seed=config.seed)  # the code as it is when training starts
     files = lm_corpus.corpus_files(config.corpus_glob)
     texts = lm_corpus.read_texts(files)
     train_texts, held_texts = lm_corpus.split(texts, config.holdout_every)
@@ -170,7 +172,9 @@ def run(config: TrainLMConfig) -> dict:
     params, losses, cpu_seconds = train(config, spec, train_stream)
     _save_model(staging, hf, tok, spec, params)
 
-    spec, saved = import_hf(staging, name=out.name)  # evaluate exactly what was written
+    # Evaluate exactly what was written: weights through the importer, tokenizer with its stop ids.
+    spec, saved = import_hf(staging, name=out.name)
+    tok = Tokenizer.from_dir(staging)
     metrics = lm_eval.heldout_loss(spec, saved, held_stream, config.seq_len, config.batch_size)
     metrics["heldout_bytes_per_token"] = sum(len(d.encode()) for d in held_docs) / len(held_stream)
     metrics["heldout_bits_per_byte"] = metrics["heldout_loss"] / np.log(2) / metrics["heldout_bytes_per_token"]
@@ -188,8 +192,8 @@ def run(config: TrainLMConfig) -> dict:
         "train_cpu_seconds": round(cpu_seconds, 1), "wall_seconds": round(time.perf_counter() - wall0, 1),
         "load_average_start": [round(x, 2) for x in load0], "load_average_end": [round(x, 2) for x in os.getloadavg()],
     }
-    provenance = {**common.provenance(config, seed=config.seed), "corpus_dir": str(lm_corpus.stdlib_dir()),
-                  "corpus_files": len(files), "corpus_sha256": lm_corpus.corpus_digest(files, texts)}
+    provenance |= {"corpus_dir": str(lm_corpus.stdlib_dir()), "corpus_files": len(files),
+                   "corpus_sha256": lm_corpus.corpus_digest(files, texts)}
     record = {"summary": summary, "samples": samples, "loss_curve": [round(x, 4) for x in losses[::10]],
               "provenance": provenance}
     (staging / "train_summary.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
