@@ -79,7 +79,9 @@ def test_predicts_unseen_python_far_better_than_chance(model):
     ids = jnp.asarray([tok.encode(SNIPPET)], jnp.int32)
     logits = dense_forward(spec, params, ids[:, :-1])
     loss = float(optax.softmax_cross_entropy_with_integer_labels(logits, ids[:, 1:]).mean())
-    assert loss < 0.5 * math.log(tok.vocab_size), loss  # uniform guessing: ln 4096 = 8.3 nats
+    top1 = float((logits.argmax(-1) == ids[:, 1:]).mean())
+    # Uniform guessing: ln 4096 = 8.3 nats; the committed model: 2.27 nats, 52% top-1 on this snippet.
+    assert loss < 3.0 < math.log(tok.vocab_size) and top1 > 0.4, (loss, top1)
 
 
 def test_greedy_through_the_paged_engine_equals_dense(model):
