@@ -6,10 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jpaged.detokenizer import (ByteLevelDetokenizer, PrefixDetokenizer, _gpt2_byte_decoder, byte_pieces,
-                                make_detokenizer)
+from jpaged.detokenizer import ByteLevelDetokenizer, PrefixDetokenizer, byte_pieces, make_detokenizer
 
-from tests.frontend.conftest import REAL_TEXTS
+from tests.helpers.text_assets import BYTE_CHAR, REAL_TEXTS
 
 
 def _stream(detok, ids):
@@ -76,7 +75,6 @@ def test_byte_pieces_reproduce_the_rust_decoder(tok, data):
     assert b"".join(byte_pieces(tok, True)[i] for i in ids).decode("utf-8", "replace") == tok.decode(ids)
 
 
-BYTE_CHAR = {b: c for c, b in _gpt2_byte_decoder().items()}  # byte -> its single-byte token's piece
 
 
 @pytest.mark.parametrize("text", REAL_TEXTS)
@@ -96,9 +94,9 @@ def test_real_text_streams_whole_characters(tok, sp_tok, text):
 def test_any_text_streams_back_exactly(tok, sp_tok, text):
     for tokenizer in (tok, sp_tok):
         ids = tokenizer.encode(text, add_special_tokens=False)
-        detok = make_detokenizer(tokenizer)
+        detok = make_detokenizer(tokenizer, skip_special_tokens=False)  # text may spell "<|im_end|>"
         chunks = [detok.add(t) for t in ids]
-        assert "".join(chunks) + detok.flush() == tokenizer.decode(ids)
+        assert "".join(chunks) + detok.flush() == tokenizer.decode(ids, skip_special_tokens=False)
         if tokenizer is tok:  # byte-level: every character is out by the last token, none garbled
             assert "".join(chunks) == text
 

@@ -6,7 +6,7 @@ import pytest
 
 from jpaged.output_text import OutputText
 
-from tests.frontend.test_detokenizer import BYTE_CHAR
+from tests.helpers.text_assets import BYTE_CHAR
 
 
 def _run(tok, text, **kwargs):

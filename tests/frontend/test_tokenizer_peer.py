@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 transformers = pytest.importorskip("transformers", reason="peer test needs transformers")
 
-from tests.frontend.conftest import ASSET, REAL_TEXTS, sentencepiece_like  # noqa: E402
+from tests.helpers.text_assets import ASSET, REAL_TEXTS, sentencepiece_like  # noqa: E402
 from jpaged.tokenizer import Tokenizer  # noqa: E402
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,32 +21,7 @@ from jpaged.models.decoder import dense_forward
 from jpaged.sequence import SamplingParams
 from jpaged.tokenizer import Tokenizer
 
-ASSET = Path(__file__).resolve().parents[2] / "assets" / "stdlib-lm"
-
-# Not from the standard library (so not training text): ordinary Python the model should find likely.
-SNIPPET = '''import os
-import sys
-
-
-class Config:
-    """Settings read from the environment."""
-
-    def __init__(self, name, value=None):
-        self.name = name
-        self.value = value
-
-    def __repr__(self):
-        return f"{self.__class__.__name__}({self.name!r}, {self.value!r})"
-
-
-def main(argv=None):
-    if argv is None:
-        argv = sys.argv[1:]
-    for arg in argv:
-        if not os.path.exists(arg):
-            raise FileNotFoundError(arg)
-    return 0
-'''
+from tests.helpers.text_assets import ASSET, SNIPPET
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from jpaged.checkpoint import import_hf  # noqa: E402
 from jpaged.models.decoder import dense_forward  # noqa: E402
 from jpaged.tokenizer import Tokenizer  # noqa: E402
 
-from tests.models.test_stdlib_lm import ASSET, SNIPPET  # noqa: E402
+from tests.helpers.text_assets import ASSET, SNIPPET  # noqa: E402
 
 
 @pytest.fixture(scope="module")
