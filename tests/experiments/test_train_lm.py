@@ -73,8 +73,11 @@ def test_export_is_the_inverse_of_import_hf(tmp_path, dtype):
     spec2, params2 = import_hf(tmp_path, name="t")
     assert spec2 == spec
     rtol = 0 if dtype == "float32" else 2 ** -8  # bfloat16 keeps 8 significant bits
-    for a, b in zip(*(np.asarray(x) for x in (params["layers"]["gate"]["kernel"], params2["layers"]["gate"]["kernel"]))):
-        np.testing.assert_allclose(b, a, rtol=rtol)
+    for path in (("embed", "embedding"), ("layers", "gate", "kernel"), ("layers", "o", "kernel")):
+        want, got = params, params2
+        for key in path:
+            want, got = want[key], got[key]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol)
 
 
 @pytest.mark.slow

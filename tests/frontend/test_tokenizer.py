@@ -118,7 +118,7 @@ def test_jinja_environment_matches_transformers():
     # trim_blocks / lstrip_blocks: block tags on their own lines leave no blank lines or indentation.
     source = ("{% for m in messages %}\n    {% if loop.index > 2 %}{% break %}{% endif %}\n"
               "{{ m['content'] | tojson }}\n{% endfor %}{{ bos_token }}{{ eos_token }}")
-    messages = [{"role": "user", "content": "<b>&"}, {"role": "user", "content": "é"}, {"role": "user", "content": "z"}]
+    messages = [{"role": "user", "content": c} for c in ("<b>&", "é", "z")]
     assert render(source, messages, special_tokens={"bos_token": "B", "eos_token": "E"}) == '"<b>&"\n"é"\nBE'
     with pytest.raises(ChatTemplateError, match="syntax error at line 1"):
         render("{% for %}", [])

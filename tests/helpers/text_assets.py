@@ -59,13 +59,14 @@ def sentencepiece_like(directory: Path) -> Path:
     trainer_tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
     trainer_tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     trainer_tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
-    trainer_tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+    specials = ["<unk>", "<s>", "</s>"]
+    trainer_tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
     vocab = trainer_tok.get_vocab()
     for b in range(256):  # byte-fallback pieces, as LLaMA-2's vocabulary has them
         vocab.setdefault(f"<0x{b:02X}>", len(vocab))
     merges = [tuple(m) for m in json.loads(trainer_tok.to_str())["model"]["merges"]]  # [[left, right], ...]
     tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
-    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.add_special_tokens(specials)
     tok.normalizer = trainer_tok.normalizer
     tok.pre_tokenizer = trainer_tok.pre_tokenizer
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
