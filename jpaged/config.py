@@ -82,9 +82,10 @@ class ModelConfig:
     """Which model to serve and how to run it."""
 
     name: str = "tiny-opt"  # preset name (jpaged.models.presets), e.g. opt-13b, llama-7b, tiny-llama
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter and KV cache dtype
+    # Parameter and KV cache dtype; auto: bfloat16 on GPU/TPU, float32 on CPU (jpaged.checkpoint.resolve_dtype).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: BackendName = "auto"  # pallas_kernels.backends; auto: Pallas on GPU, XLA on CPU
-    checkpoint: str | None = None  # local orbax checkpoint dir; None = dummy (random, seeded) weights
+    checkpoint: str | None = None  # local orbax checkpoint or Hugging Face dir; None = dummy (seeded) weights
     seed: int = 0  # seed of dummy weights
     tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
     coordinator_address: str | None = None  # multi-host: "host:port" of process 0 (jax.distributed)
@@ -92,8 +93,8 @@ class ModelConfig:
     process_id: int = 0  # multi-host: this process's rank in [0, num_processes)
 
     def __post_init__(self) -> None:
-        _check(self.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
-               f"must be float32, bfloat16 or float16, got {self.dtype!r}")
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"), "model.dtype",
+               f"must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         _check(self.attention_backend in BACKEND_NAMES, "model.attention_backend",
                f"must be one of {list(BACKEND_NAMES)}, got {self.attention_backend!r}")
         _check(self.tensor_parallel_size >= 1, "model.tensor_parallel_size",

@@ -25,7 +25,7 @@ import numpy as np
 from jpaged import parallel
 from jpaged.config import EngineConfig
 from jpaged.executors.base import ModelOutput
-from jpaged.checkpoint import load_params
+from jpaged.checkpoint import load_params, resolve_dtype
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.presets import get_preset
@@ -48,24 +48,29 @@ class JaxExecutor:
     """Runs StepPlans on the real model with a paged KV pool on the default JAX device(s)."""
 
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
-        """`params` overrides config.model (dummy seeded weights or a local checkpoint)."""
+        """`params` overrides config.model (dummy seeded weights or a local checkpoint).
+
+        Weights are loaded straight into their shards (jpaged.checkpoint.load_params): with
+        tensor parallelism no device ever holds a whole model. `params` given in memory are
+        placed on the mesh here.
+        """
         model, cache = config.model, config.cache
         if model.num_processes > 1:  # before any other JAX work
             parallel.initialize_distributed(model.coordinator_address, model.num_processes, model.process_id)
-        if params is None:
-            spec, params = load_params(model)
-        else:
-            spec = get_preset(model.name)
         tp = model.tensor_parallel_size
-        # With fewer KV heads than devices each is replicated: the pool then has `tp` KV heads.
-        self.spec, params = parallel.replicate_kv_heads(spec, params, tp)
         self.mesh = parallel.make_mesh(tp) if tp > 1 else None
-        self.dtype = jnp.dtype(model.dtype)
+        self.dtype = resolve_dtype(model.dtype)
+        if params is None:
+            # With fewer KV heads than devices each is replicated: the pool then has `tp` KV heads.
+            self.spec, params = load_params(model, self.mesh)
+        else:
+            self.spec, params = parallel.replicate_kv_heads(get_preset(model.name), params, tp)
+            if self.mesh is not None:
+                params = parallel.shard_params(self.spec, params, self.mesh)
         make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.dtype)
         if self.mesh is None:
             self.kv_pool = make_pool()
         else:
-            params = parallel.shard_params(self.spec, params, self.mesh)
             pools = parallel.pool_sharding(self.mesh)
             self.kv_pool = jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,

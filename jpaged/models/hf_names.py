@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jpaged.models.presets import ModelSpec
+from jpaged.models.presets import ModelSpec, RopeScaling
 
 # (param path inside a layer, HF name inside "layers.{i}.", transposed)
 _OPT_LAYER = [
@@ -57,6 +57,28 @@ def _require(config: dict, key: str, allowed: Any, source: str) -> None:
         raise ValueError(f"{source}: {key}={value!r} is not supported (allowed: {allowed})")
 
 
+def _rope_parameters(config: dict) -> dict:
+    """RoPE settings: transformers >= 5 keeps them in `rope_parameters`, older configs in
+    `rope_scaling` (with "type" in the oldest) and a top-level `rope_theta`."""
+    rope = {"rope_theta": config.get("rope_theta", 10000.0), **(config.get("rope_scaling") or {}),
+            **(config.get("rope_parameters") or {})}
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def _rope_scaling(rope: dict, source: str) -> RopeScaling | None:
+    """The spec's RopeScaling for "default" (None), "linear" and "llama3"; other kinds raise."""
+    kind = rope["rope_type"]
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(rope["factor"]))
+    if kind == "llama3":
+        return RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
+                           float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+    raise ValueError(f"{source}: rope_type={kind!r} is not supported (allowed: default, linear, llama3)")
+
+
 def spec_from_hf_config(config: dict, name: str, source: str = "config.json") -> ModelSpec:
     """A ModelSpec from a Hugging Face OPT or LLaMA config.json mapping; unsupported variants raise."""
     model_type = config.get("model_type")
@@ -78,13 +100,10 @@ def spec_from_hf_config(config: dict, name: str, source: str = "config.json") ->
         _require(config, "hidden_act", ["silu"], source)
         _require(config, "attention_bias", [False], source)
         _require(config, "mlp_bias", [False], source)
-        # transformers >= 5 keeps RoPE settings in rope_parameters; older configs at top level.
-        rope = config.get("rope_parameters") or {}
-        if rope.get("rope_type", "default") != "default" or config.get("rope_scaling"):
-            raise ValueError(f"{source}: only unscaled ('default') RoPE is supported")
+        rope = _rope_parameters(config)
         return ModelSpec(family="llama", num_kv_heads=config.get("num_key_value_heads") or heads,
                          head_dim=config.get("head_dim") or hidden // heads,
                          intermediate_size=config["intermediate_size"], norm_eps=config["rms_norm_eps"],
-                         rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+                         rope_theta=float(rope.get("rope_theta", 10000.0)), rope_scaling=_rope_scaling(rope, source),
                          tie_word_embeddings=config.get("tie_word_embeddings", False), **common)
     raise ValueError(f"{source}: model_type must be 'opt' or 'llama', got {model_type!r}")
