@@ -110,15 +110,8 @@ def param_partition_specs(spec: ModelSpec, tp: int) -> decoder.Params:
              ("embed", None), ("layers", None))
     with nnx.logical_axis_rules(rules):
         specs = nnx.to_pure_dict(nnx.get_partition_spec(decoder.abstract_model(spec)[1]))
-    return jax.tree.map(_trimmed, specs)
-
-
-def _trimmed(spec: P) -> P:
-    """P(None, "tp", None) -> P(None, "tp"): trailing Nones say nothing (a replicated leaf is P())."""
-    names = list(spec)
-    while names and names[-1] is None:
-        names.pop()
-    return P(*names)
+    # A leaf with no split axis is written P(), the spelling of "replicated".
+    return jax.tree.map(lambda s: s if any(name is not None for name in s) else P(), specs)
 
 
 def param_shardings(spec: ModelSpec, mesh: Mesh) -> decoder.Params:
