@@ -37,7 +37,7 @@ from jpaged.models.presets import ModelSpec, get_preset
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 64 * 1024**2  # largest stored chunk; stacked tensors are also split per layer
+CHUNK_BYTES = 4 * 1024**2  # largest stored chunk; stacked tensors are also split per layer
 
 
 def resolve_dtype(name: str) -> jnp.dtype:
@@ -87,19 +87,40 @@ def restore_params(path: str | Path, *, mesh: Mesh | None = None, dtype: Any = N
     """Restores (spec, params, metadata) from `save_params` output, bit-exact in the saved dtype.
 
     Without `mesh` onto the default device; with one, each device reads only its shard (the spec
-    returned then has the serving number of KV heads). `dtype` converts while reading.
+    returned then has the serving number of KV heads). `dtype` converts while reading. Reads are
+    throttled to about one shard at a time (`_read_budget`), so host memory holds the restored
+    shards plus roughly the largest one being read, never a whole model.
     """
     meta = read_metadata(path)
     spec = ModelSpec.from_dict(meta["spec"])
     dtype = jnp.dtype(dtype or meta["dtype"])
     target = jax.tree.map(lambda shape, where: jax.ShapeDtypeStruct(shape.shape, dtype, sharding=where),
                           decoder.param_shapes(spec), _placements(spec, mesh))
-    restored = _checkpointer().restore(Path(path).absolute(),
-                                       ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-    params = restored.params
+    items = Path(path).absolute() / "params"  # the Composite checkpoint's item directory
+    budget = _read_budget(ocp.StandardCheckpointHandler().metadata(items), target)
+    reader = ocp.Checkpointer(ocp.StandardCheckpointHandler(restore_concurrent_gb=budget / 1e9))
+    params = reader.restore(items, ocp.args.StandardRestore(target))
     if mesh is not None:
         spec, params = parallel.widen_kv_shards(spec, params, mesh)
     return spec, params, meta
+
+
+def _read_budget(stored: Any, target: decoder.Params) -> int:
+    """Bytes orbax may read at once: just above its largest single read, so reads run ~one at a time.
+
+    Orbax reserves, for each distinct shard, the bytes of the stored chunks that cover it (a read
+    larger than the budget is an error), so the budget is the maximum of that over all shards.
+    """
+    largest = 0
+    for saved, want in zip(jax.tree_util.tree_leaves(stored), jax.tree_util.tree_leaves(target)):
+        chunk = saved.storage.chunk_shape if saved.storage and saved.storage.chunk_shape else want.shape
+        for index in want.sharding.addressable_devices_indices_map(want.shape).values():
+            covered = np.dtype(saved.dtype).itemsize
+            for part, size, step in zip(index, want.shape, chunk):
+                lo, hi, _ = part.indices(size)
+                covered *= -(-hi // step) * step - lo // step * step
+            largest = max(largest, covered)
+    return largest + 1
 
 
 def _index_safetensors(directory: Path) -> dict[str, Any]:

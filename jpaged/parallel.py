@@ -127,16 +127,23 @@ def shard_params(spec: ModelSpec, params: decoder.Params, mesh: Mesh) -> decoder
 def init_params(spec: ModelSpec, seed: int, dtype: Any, mesh: Mesh) -> tuple[ModelSpec, decoder.Params]:
     """Dummy weights born sharded: (serving spec, params) with KV heads replicated as needed.
 
-    One jitted function draws `decoder.init_params(spec, seed)` and widens k/v; its
-    `out_shardings` make every device compute only its own shard, so no preset is ever whole on
-    one device, and the values equal the single-device ones.
+    One jitted function (`sharded_initializer`) draws `decoder.init_params(spec, seed)` and
+    widens k/v; its `out_shardings` make every device compute only its own shard, so no preset is
+    ever whole on one device, and the values equal the single-device ones.
     """
-    wide = _serving_spec(spec, mesh.shape[TP_AXIS])
+    wide, initializer = sharded_initializer(spec, seed, dtype, mesh)
+    return wide, initializer()
+
+
+def sharded_initializer(spec: ModelSpec, seed: int, dtype: Any, mesh: Mesh) -> tuple[ModelSpec, Callable]:
+    """(serving spec, the jitted zero-argument function `init_params` calls); lower it to inspect memory."""
+    tp = mesh.shape[TP_AXIS]
+    wide = _serving_spec(spec, tp)
 
     def init() -> decoder.Params:
-        return replicate_kv_heads(spec, decoder.init_params(spec, seed, dtype), mesh.shape[TP_AXIS])[1]
+        return replicate_kv_heads(spec, decoder.init_params(spec, seed, dtype), tp)[1]
 
-    return wide, jax.jit(init, out_shardings=param_shardings(wide, mesh))()
+    return wide, jax.jit(init, out_shardings=param_shardings(wide, mesh))
 
 
 def checkpoint_shardings(spec: ModelSpec, mesh: Mesh) -> decoder.Params:

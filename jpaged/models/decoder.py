@@ -43,8 +43,10 @@ class CausalLM(nnx.Module):
             self.pos_embed = nnx.Embed(spec.max_position_embeddings + OPT_POSITION_OFFSET, h,
                                        embedding_metadata=layers.axes(None, "embed"), **embed_kwargs)
 
+        # Created one layer per scan iteration (not vmapped), so a sharded initialisation needs
+        # the random bits of one layer at a time; the values are the same either way.
         @nnx.split_rngs(splits=spec.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        @nnx.scan(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def stacked_blocks(rngs: nnx.Rngs) -> layers.Block:
             return layers.Block(spec, dtype=dtype, rngs=rngs)
 

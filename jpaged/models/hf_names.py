@@ -60,7 +60,7 @@ def _require(config: dict, key: str, allowed: Any, source: str) -> None:
 def _rope_parameters(config: dict) -> dict:
     """RoPE settings: transformers >= 5 keeps them in `rope_parameters`, older configs in
     `rope_scaling` (with "type" in the oldest) and a top-level `rope_theta`."""
-    rope = {"rope_theta": config.get("rope_theta", 10000.0), **(config.get("rope_scaling") or {}),
+    rope = {"rope_theta": config.get("rope_theta") or 10000.0, **(config.get("rope_scaling") or {}),
             **(config.get("rope_parameters") or {})}
     rope.setdefault("rope_type", rope.pop("type", "default"))
     return rope
