@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jpaged.checkpoint import import_hf, load_params, restore_params, save_params
+from jpaged.checkpoint import import_hf, load_params, resolve_dtype, restore_params, save_params
 from jpaged.config import ModelConfig
 from jpaged.models import decoder
 from jpaged.models.hf_names import hf_tensor_names
-from jpaged.models.presets import get_preset
+from jpaged.models.presets import RopeScaling, get_preset
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -96,3 +97,37 @@ def test_import_hf_rejects_unsupported_variant(tmp_path):
     _write_hf(tmp_path / "hf", spec, decoder.init_params(spec), config)
     with pytest.raises(ValueError, match="do_layer_norm_before"):
         import_hf(tmp_path / "hf")
+
+
+def test_spec_with_rope_scaling_round_trips_and_dtype_converts_on_restore(tmp_path):
+    spec = dataclasses.replace(get_preset("tiny-llama"), rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+    params = decoder.init_params(spec, seed=1)
+    save_params(tmp_path / "ckpt", spec, params)
+    spec2, restored, meta = restore_params(tmp_path / "ckpt", dtype=jnp.bfloat16)
+    assert spec2 == spec and meta["dtype"] == "float32"
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(restored)):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16)), np.asarray(b))
+
+
+def test_import_hf_reads_llama3_rope_eps_and_theta(tmp_path):
+    spec = get_preset("tiny-llama")
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    config = {**HF_CONFIGS["tiny-llama"], "rms_norm_eps": 1e-5, "rope_parameters": rope}
+    del config["rope_theta"]
+    _write_hf(tmp_path / "hf", spec, decoder.init_params(spec), config)
+    imported, _ = import_hf(tmp_path / "hf")
+    assert imported.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+    assert (imported.norm_eps, imported.rope_theta) == (1e-5, 500000.0)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_type": "yarn"}}))
+    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
+        import_hf(tmp_path / "hf")
+
+
+def test_dtype_auto_is_bfloat16_on_accelerators(monkeypatch):
+    assert ModelConfig().dtype == "auto"
+    assert resolve_dtype("auto") == jnp.float32  # this CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert resolve_dtype("auto") == jnp.bfloat16
+    assert resolve_dtype("float16") == jnp.float16
