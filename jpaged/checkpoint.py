@@ -88,8 +88,8 @@ def restore_params(path: str | Path, *, mesh: Mesh | None = None, dtype: Any = N
 
     Without `mesh` onto the default device; with one, each device reads only its shard (the spec
     returned then has the serving number of KV heads). `dtype` converts while reading. Reads are
-    throttled to about one shard at a time (`_read_budget`), so host memory holds the restored
-    shards plus roughly the largest one being read, never a whole model.
+    throttled to about one shard at a time (`_read_budget`): beyond the restored arrays, host
+    memory holds roughly the largest single read, never another copy of the model.
     """
     meta = read_metadata(path)
     spec = ModelSpec.from_dict(meta["spec"])
