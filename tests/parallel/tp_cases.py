@@ -129,12 +129,12 @@ def test_too_few_devices_is_an_error_naming_the_numbers():
 def test_checkpoints_load_straight_into_their_shards(tmp_path, model):
     """orbax restore and the Hugging Face import at tp = 4 give the sharded, KV-replicated weights."""
     from jpaged.checkpoint import import_hf, restore_params, save_params
-    from tests.test_checkpoint import HF_CONFIGS, _write_hf
+    from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 
     spec = get_preset(model)
     params = decoder.init_params(spec, seed=2)
     save_params(tmp_path / "ckpt", spec, params)
-    _write_hf(tmp_path / "hf", spec, params, HF_CONFIGS[model])
+    write_hf_dir(tmp_path / "hf", spec, params, HF_CONFIGS[model])
     mesh = parallel.make_mesh(4)
     want_spec, want = parallel.replicate_kv_heads(spec, params, 4)  # tiny-llama: 2 KV heads -> 4
     shardings = jax.tree.leaves(parallel.param_shardings(want_spec, mesh))
