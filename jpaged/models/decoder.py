@@ -1,7 +1,7 @@
 """The OPT / LLaMA causal LM as a Flax NNX module, and the pure functions of its state around it.
 
 `CausalLM` holds `embed`, `pos_embed` (OPT), `layers` (one `Block` whose every parameter has a
-leading [num_layers] axis: built by `nnx.vmap`, applied by `nnx.scan`, so one layer body is traced
+leading [num_layers] axis: built and applied by `nnx.scan`, so one layer body is traced
 and compile time stays flat for 40- or 96-layer presets), `final_norm` and `lm_head` (untied heads
 only). Attention is injected (`layers.Attend`) and the cache is carried through the scan and
 returned, never stored in the module.
@@ -44,7 +44,7 @@ class CausalLM(nnx.Module):
                                        embedding_metadata=layers.axes(None, "embed"), **embed_kwargs)
 
         # Created one layer per scan iteration (not vmapped), so a sharded initialisation needs
-        # the random bits of one layer at a time; the values are the same either way.
+        # the random bits of one layer at a time.
         @nnx.split_rngs(splits=spec.num_layers)
         @nnx.scan(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def stacked_blocks(rngs: nnx.Rngs) -> layers.Block:
