@@ -90,6 +90,13 @@ class BeamRecorder(EngineObserver):
             self.logprobs[trace, step, rank] = top_logprobs[r, :k]
 
 
+def candidate_stats(logprobs: np.ndarray) -> dict[str, float]:
+    """The recorded candidates' shape: mean log-probability of each beam's best candidate, and of
+    the gap from its best to its second (rows that did not run, e.g. step 0's extra beams, skipped)."""
+    rows = logprobs[np.isfinite(logprobs[..., 0])]  # [rows, 2n]
+    return {"mean_top1_logprob": float(rows[:, 0].mean()), "mean_top1_top2_gap": float((rows[:, 0] - rows[:, 1]).mean())}
+
+
 def stdlib_prompts(config: RecordBeamsConfig, count: int) -> tuple[list[list[int]], list[str]]:
     """`count` prompts of `prompt_len` tokens: seeded windows of seeded standard-library files;
     returns the prompts and, for each, "<file>:<first token>"."""
@@ -167,8 +174,12 @@ def run(config: RecordBeamsConfig) -> dict:
         sim = SimExecutor(executor.spec if config.model.checkpoint else get_preset(config.model.name))
         synthetic, _ = search(LLMEngine(sim_config, sim, make_scheduler("vllm", sim_config)), mine, width,
                               config.max_tokens)
-        arrays[f"ids_{width}"], arrays[f"logprobs_{width}"] = recorder.ids, recorder.logprobs
-        widths[str(width)] = {"recorded": recorded.summary(), "synthetic": synthetic.summary(),
+        # Ids fit 16 bits for vocabularies under 32K (BeamReplay widens them): a smaller file to commit.
+        small = executor.vocab_size < 2**15
+        arrays[f"ids_{width}"] = recorder.ids.astype(np.int16) if small else recorder.ids
+        arrays[f"logprobs_{width}"] = recorder.logprobs
+        widths[str(width)] = {"recorded": recorded.summary() | candidate_stats(recorder.logprobs),
+                              "synthetic": synthetic.summary(),
                               "prompts": sources[i * config.num_traces: (i + 1) * config.num_traces]}
         logger.info("width %d: recorded %s, synthetic %s", width, recorded.summary(), synthetic.summary())
     out = REPO_ROOT / config.output

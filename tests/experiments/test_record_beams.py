@@ -35,7 +35,9 @@ def test_a_recorded_search_replays_exactly_in_the_simulator(tmp_path):
     assert [c.token_ids for c in ours] == [c.token_ids for c in theirs] and len(ours) == 3
     assert [c.cumulative_logprob for c in ours] == pytest.approx([c.cumulative_logprob for c in theirs], abs=1e-5)
     assert real_meter.parents == sim_meter.parents
-    assert summary["widths"]["3"]["recorded"] == real_meter.summary()
+    recorded = summary["widths"]["3"]["recorded"]
+    assert {k: recorded[k] for k in real_meter.summary()} == real_meter.summary()
+    assert recorded["mean_top1_logprob"] < 0 and recorded["mean_top1_top2_gap"] >= 0
 
 
 def test_replay_checks_its_file_and_wraps_past_the_recording(tmp_path):
