@@ -160,8 +160,9 @@ def headline(res: Results) -> dict[str, float]:
 
 
 def old_cost_model_agreement(config: FigureMovesConfig) -> dict:
-    """Step-time ratios (attribution's cost model / the pre-fit model at `old_cost_model_rev`) on
-    decode batches and single prompts of each paper model."""
+    """Step-time ratios on decode batches and single prompts of each paper model: the attribution's
+    cost model / the pre-fit model at `old_cost_model_rev` ("ratio": how faithful the attribution is),
+    and today's fitted model / the pre-fit model ("fitted_ratio": how much slower steps became)."""
     from experiments.throughput import ThroughputConfig
     from jpaged.models.presets import get_preset
     from jpaged.sim.cost_model import CostModel
@@ -181,14 +182,17 @@ def old_cost_model_agreement(config: FigureMovesConfig) -> dict:
     for name, tp, gpu in (("opt-13b", 1, "a100-40gb"), ("opt-66b", 4, "a100-40gb"), ("opt-175b", 8, "a100-80gb")):
         model, g = get_preset(name), get_gpu(gpu)
         before, after = old.CostModel(model, g, old.CostModelConfig(), tp=tp), CostModel(model, g, cost, tp=tp)
+        fitted = CostModel(model, g, tp=tp)
         for batch, context in ((1, 100), (8, 300), (32, 300), (128, 100), (256, 80)):
             ctx = np.full(batch, context)
             rows.append({"model": name, "kind": "decode", "batch": batch, "tokens": context,
-                         "ratio": after.decode_time(ctx) / before.decode_time(ctx)})
+                         "ratio": after.decode_time(ctx) / before.decode_time(ctx),
+                         "fitted_ratio": fitted.decode_time(ctx) / before.decode_time(ctx)})
         for q in (20, 160, 1000, 2000):
             lens = np.array([q])
             rows.append({"model": name, "kind": "prompt", "batch": 1, "tokens": q,
-                         "ratio": after.prefill_time(lens, lens) / before.prefill_time(lens, lens)})
+                         "ratio": after.prefill_time(lens, lens) / before.prefill_time(lens, lens),
+                         "fitted_ratio": fitted.prefill_time(lens, lens) / before.prefill_time(lens, lens)})
     del sys.modules["old_cost_model"]
     return {"rev": config.old_cost_model_rev, "rows": rows}
 
