@@ -81,8 +81,8 @@ def test_fig13_and_figure_moves_sections(tmp_path):
                        {"model": "opt-13b", "kind": "decode", "batch": 128, "ratio": 1.02, "fitted_ratio": 2.0},
                        {"model": "opt-13b", "kind": "prompt", "batch": 1, "ratio": 1.04, "fitted_ratio": 1.1}]}}}
     text = throughput(results, report.Figures(tmp_path))
-    assert "| ShareGPT 2 req/s | Orca (Max) | 7.00 | 7.00 (+0%) | 6.80 (-3%) | resident |" in text
-    assert "closer to the paper's bar for 2 of 2 bars" in text
+    assert "| ShareGPT 2 req/s | Orca (Max) | 7.00 | 7.00 (+0.0%) | 6.80 (-2.9%) | resident |" in text
+    assert "Requests resident is the closer count for 2 of 2 bars" in text and "The Orca (Max) bars decide it" in text
     moves = figure_moves(results, report.Figures(tmp_path))
     assert "| Fig. 17 vLLM sustained (req/s) | 1.00 | 0.50 | -50% |" in moves
     assert "1 of 1 quantities moved by more than 10%" in moves
