@@ -142,8 +142,9 @@ slots nobody will write (Orca's over-reservation and the buddy's rounding; vLLM'
 block past its end), *external* = free slots in buddy blocks smaller than the region the head of the waiting
 queue needs. vLLM's waste is the unfilled tail of each sequence's current last block, which that sequence will
 still fill; its free share is the admission watermark plus the gap left when the next request needs more blocks
-than are free — not fragmentation, since any free block serves any request; the warm-up is where most of that
-free share comes from. Orca's external fragmentation is similar for every policy: the pool is not a multiple of
+than are free — not fragmentation, since any free block serves any request""" + (
+        f"; leaving out the warm-up, it is {steady['vllm']['free']:.1f}% instead of {r['systems']['vllm']['free']:.1f}%"
+        if "vllm" in steady and "vllm" in r["systems"] else "") + """. Orca's external fragmentation is similar for every policy: the pool is not a multiple of
 the largest region, and the remainder serves no maximum-length reservation."""
 
 
@@ -238,7 +239,10 @@ def provenance(results: dict, figures: Figures) -> str:
         stamps = [p["provenance"] for p in r.get("points", []) + r.get("rows", []) if "provenance" in p]
         runs = Counter((s.get("git_sha", "?")[:12], s.get("date", "?")[:10]) for s in stamps or [prov])
         who = ", ".join(f"`{sha}` {date}" + (f": {n}" if stamps else " (file)") for (sha, date), n in runs.items())
+        real = r.get("real_provenance")  # preemption's real-executor rows, kept from an earlier run
+        if real:
+            who += f"; its real-executor rows: `{real.get('git_sha', '?')[:12]}` {real.get('date', '?')[:10]} on {real.get('device', '?')}"
         rows.append(f"| `{stem}.json` | {who} | {prov.get('device', '?')} | {prov.get('jax', prov.get('jax_version', '?'))} |")
-    return ("## Provenance\n\n" + "\n".join(rows) + "\n\n(file): the file's points carry no provenance of their "
-            "own (written before they did); the sha and date are its last writer's, which may have kept points "
-            "computed by earlier runs.")
+    return ("## Provenance\n\n" + "\n".join(rows) + "\n\n(file): the file carries no per-point provenance; the sha "
+            "and date are those of the run that wrote it, which, for a sweep written before points carried their own, "
+            "may have kept points computed by earlier runs.")

@@ -107,7 +107,9 @@ Sustained rates (req/s; ratio = vLLM / system):
 
 Agreement, per value: against the paper's saving ranges, {_saving_vs_paper(r["memory_saving"])}. vLLM's
 advantage over Orca (Oracle): {advantage} (paper, beam search: {paper_beam}).
-Differences and why: only full prompt blocks stay shared between parallel samples (the partial last block is
+Differences and why: vLLM's advantage over Orca (Oracle) grows less with the width than the paper's: as on
+Fig. 12's Alpaca panels, the extra sequences vLLM's memory admits make host-bound steps longer (the measured host
+work is per sequence, and a group of width n is n sequences). Only full prompt blocks stay shared between parallel samples (the partial last block is
 copied at the first decode step, and samples share nothing after), and our time-weighted average counts each
 sample's growing output, which dilutes the shared prompt as generation proceeds (the paper does not state its
 averaging); short Alpaca prompts (median ~17 tokens) fill at most one block. The recorded searches are
