@@ -50,7 +50,7 @@ def _rates_table(results: dict) -> tuple[list[str], dict[str, dict[str, float]]]
         cells = [rate_cell(sens["vllm"]["rate"], sens["vllm"]["censored"]) if "vllm" in sens else ""]
         cells += [f"{rate_cell(sens[s]['rate'], sens[s]['censored'])} ({v / sens[s]['rate']:.2f}×)" if s in sens else ""
                   for s in (*ORCAS, "fastertransformer")]
-        rows.append(f"| sensitivity of the row above: {what} (`configs/{stem}.yaml`, at that panel's threshold) | "
+        rows.append(f"| sensitivity of {dict(PANELS)[main]}: {what} (`configs/{stem}.yaml`, at that panel's threshold) | "
                     f"{r['provenance']['config']['duration_s'] / 60:.0f} min | " + " | ".join(cells)
                     + f" | {r['total_wall_s']:.0f} s |")
     return rows, ratios
@@ -216,7 +216,7 @@ Alpaca traces):
 `max_num_seqs` is 256 in every panel: vLLM's default engine argument, and the paper states no other. Memory
 binds first wherever the pool holds fewer requests than that (memory-bound resident requests: KV slots over a
 request's mean context, `sim_validation.json`); only OPT-175B on Alpaca would hold more, so there the cap binds,
-and `configs/throughput_opt175b_alpaca_seqs1024.yaml` reruns it at 1024 (row above).
+and `configs/throughput_opt175b_alpaca_seqs1024.yaml` reruns it at 1024 (its sensitivity row in the table above).
 
 {_limits(results)}
 
@@ -234,8 +234,8 @@ and `configs/throughput_opt175b_alpaca_seqs1024.yaml` reruns it at 1024 (row abo
   sampling and output processing per step; ../shared/data/vidur_a100/cpu_overheads.csv). FasterTransformer is a
   C++ runtime whose decoding loop enqueues each step's kernels asynchronously ahead of the GPU and samples on
   the GPU; its per-step host work (a few kernel launches, one read-back of the finished flags) hides behind GPU
-  time. So it pays none (`SimConfig.fastertransformer_host_overhead: none`); the row "FasterTransformer pays
-  vLLM's host line" above bounds the choice. The Orca variants are the paper's reimplementations in vLLM's
+  time. So it pays none (`SimConfig.fastertransformer_host_overhead: none`); the sensitivity row "FasterTransformer
+  pays vLLM's host line" in the table above bounds the choice. The Orca variants are the paper's reimplementations in vLLM's
   Python engine and pay vLLM's line.
 - The chatbot's conversation rounds: see Fig. 17.
 
@@ -245,6 +245,9 @@ Differences and why:
 - vLLM's advantage on Alpaca is below the paper's "similar trend": vLLM's Alpaca batches near its knee
   (""" + _alpaca_batches(results) + """ requests resident) lie past the host line's measured range (batch 8–64, extrapolated linearly), and """ + host + """: the extra
   requests vLLM's memory admits add little throughput. Whether paper-era vLLM's host work kept growing linearly past batch 64 is not in the data.
+- OPT-175B's ratios fall below the paper's ShareGPT range: its 60K slots let the Orca variants hold large batches
+  too, and at large batches steps are host-bound (TP 8 uses the TP 4 host line, the largest measured), so
+  vLLM's extra memory buys less throughput.
 - FasterTransformer's curve is not monotone at the lowest rates: a request arriving during a batch waits for the
   whole batch, so its latency depends on which batch it hits.
 - Traces are shorter than the paper's 1 h except OPT-13B ShareGPT (wall-time budget here); above the knee
