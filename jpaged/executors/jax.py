@@ -98,6 +98,9 @@ class JaxExecutor:
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Applies swap-out, swap-in and copy-on-write, runs the step and samples on device."""
         start = time.perf_counter()
+        # Host-side inputs first: if a request's sampling settings cannot become device arrays, this
+        # raises before any state changed, and the engine can fail that request and run the plan again.
+        batch = plan.sampling.batch if plan.sampling is not None else None
         k_pool, v_pool = self.kv_pool
         if len(plan.swap_out_pairs):
             self._swap_out(k_pool, v_pool, plan.swap_out_pairs)
@@ -111,8 +114,9 @@ class JaxExecutor:
         if plan.num_seqs:
             step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
             logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # logits stay on device
-            if plan.sampling is not None:
-                sampled = sample(logits, plan.sampling.batch)
+            self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
+            if batch is not None:
+                sampled = sample(logits, batch)
                 output = ModelOutput(sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs, 0.0)
             else:  # only prompt chunks that do not reach their ends: nothing to sample
                 logits.block_until_ready()
