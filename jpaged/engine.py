@@ -9,10 +9,9 @@ built lazily.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from typing import NamedTuple, Sequence as Seq
+from typing import Sequence as Seq
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -22,22 +21,13 @@ from jpaged.config import EngineConfig
 from jpaged.executors.base import Executor, ModelOutput
 from jpaged.outputs import RequestOutput
 from jpaged.postprocess import Postprocessor
+from jpaged.request_checks import CheckedRequest, check_request
 from jpaged.scheduler import Scheduler, SchedulerOutput
 from jpaged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.step_plan import StepPlan
-from jpaged.validation import check_float, check_str, check_token_ids, show
+from jpaged.validation import check_str, show
 
 logger = logging.getLogger(__name__)
-
-
-class _Request(NamedTuple):
-    """A request that passed every check of `LLMEngine._check_request`, its fields normalised."""
-
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams  # max_tokens clamped to what max_model_len leaves
-    arrival_time: float | None
-    cache_salt: str | None
 
 
 class EngineObserver:
@@ -75,55 +65,21 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: Seq[int] | np.ndarray, sampling_params: SamplingParams,
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         """Queues a request; raises TypeError / ValueError naming the field, the value and the allowed
-        range if it can never be served (see `_check_request`).
+        range if it can never be served (see `request_checks.check_request`).
 
         `prompt_token_ids`: a list of ints or a 1-D integer numpy array, every id in the vocabulary.
         Requests with different `cache_salt` (a str) never share prefix-cache blocks.
         """
         self._queue(self._check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
 
-    def _check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt, *,
-                       prompt_field: str = "prompt_token_ids", params_field: str = "sampling_params") -> _Request:
-        """Every field of a request checked against its type and the engine's limits (changes nothing)."""
-        cfg = self.config.scheduler
-        request_id = check_str("request_id", request_id)
-        if request_id in self._groups:
-            raise ValueError(f"request_id: {request_id!r} is already in use")
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"{params_field}: must be a SamplingParams, got {type(sampling_params).__name__} "
-                            f"{show(sampling_params)}")
-        prompt = check_token_ids(prompt_field, prompt_token_ids, self.vocab_size)
-        cache_salt = check_str("cache_salt", cache_salt, optional=True)
-        if arrival_time is not None:
-            arrival_time = check_float("arrival_time", arrival_time)
-        if len(prompt) >= cfg.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate "
-                             f"within max_model_len={cfg.max_model_len}")
-        if cfg.policy == "paper" and len(prompt) > cfg.max_num_batched_tokens:
-            raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds "
-                             f"max_num_batched_tokens={cfg.max_num_batched_tokens} (policy 'paper' prefills "
-                             f"whole prompts; policy 'chunked' splits them)")
-        bm = self.scheduler.block_manager
-        if bm.blocks_for(len(prompt) + 1) > bm.num_usable_blocks:
-            raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
-                             f"{bm.blocks_for(len(prompt) + 1)} KV blocks; the pool has {bm.num_usable_blocks} "
-                             f"(cache.num_blocks - 1)")
-        n = sampling_params.n
-        if n > cfg.max_num_seqs:
-            raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds scheduler.max_num_seqs="
-                             f"{cfg.max_num_seqs}: a request's sequences run in one batch")
-        if self.vocab_size is not None:
-            if sampling_params.use_beam_search and 2 * n > self.vocab_size:
-                raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds {self.vocab_size // 2}, the "
-                                 f"widest beam search the vocabulary of {self.vocab_size} allows (each beam ranks "
-                                 f"2 x width candidates)")
-            check_token_ids(f"{params_field}.stop_token_ids", sampling_params.stop_token_ids, self.vocab_size,
-                            allow_empty=True)
-        max_tokens = min(sampling_params.max_tokens, cfg.max_model_len - len(prompt))
-        params = dataclasses.replace(sampling_params, max_tokens=max_tokens)  # (re-runs the field checks)
-        return _Request(request_id, prompt, params, arrival_time, cache_salt)
+    def _check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+                       **fields: str) -> CheckedRequest:
+        """`request_checks.check_request` against this engine's limits (changes nothing)."""
+        return check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+                             scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
+                             vocab_size=self.vocab_size, in_use=self._groups, **fields)
 
-    def _queue(self, request: _Request) -> None:
+    def _queue(self, request: CheckedRequest) -> None:
         """Hands a checked request to the scheduler."""
         seq = Sequence(self.scheduler.new_seq_id(), request.prompt)
         arrival = self.executor.now() if request.arrival_time is None else request.arrival_time

@@ -44,11 +44,24 @@ def greedy_a():
     return dense_greedy("tiny-opt", [PROMPT_A], 8)[0]
 
 
+@pytest.fixture(scope="module")
+def shared():
+    """One tiny real engine for the tests that leave it clean (each checks that it does)."""
+    return make_engine(prefix_caching=True)
+
+
+def sim_engine():
+    config = EngineConfig(cache=CacheConfig(block_size=16, num_blocks=64, num_host_blocks=0),
+                          scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=256),
+                          executor="sim")
+    return LLMEngine(config, executor=SimExecutor(get_preset("opt-13b")))
+
+
 @pytest.mark.parametrize("output_kind", ["final", "delta"])
-def test_sampling_settings_that_cannot_reach_the_device_fail_only_their_request(greedy_a, output_kind):
+def test_sampling_settings_that_cannot_reach_the_device_fail_only_their_request(shared, greedy_a, output_kind):
     """The executor fails building the sample arrays (seed -1 is no uint32); it raised before touching
     the pool, so the engine ends b with the cause and runs the same plan again without b's rows."""
-    engine = make_engine(prefix_caching=True)
+    engine = shared
     engine.add_request("a", PROMPT_A, SamplingParams(max_tokens=8))
     engine.add_request("b", PROMPT_B, SamplingParams(max_tokens=8, temperature=0.8, seed=3, output_kind=output_kind))
     engine.step()
@@ -58,16 +71,12 @@ def test_sampling_settings_that_cannot_reach_the_device_fail_only_their_request(
     assert outputs["b"].finish_reasons == ["abort"]
     assert "'b'" in outputs["b"].error and "SamplingParams.seed" in outputs["b"].error and "-1" in outputs["b"].error
     # The engine goes on: a later request is served exactly.
-    engine.add_request("c", PROMPT_A, SamplingParams(max_tokens=8))
-    assert run(engine)["c"].output_token_ids == [greedy_a]
+    engine.add_request(f"c-{output_kind}", PROMPT_A, SamplingParams(max_tokens=8))
+    assert run(engine)[f"c-{output_kind}"].output_token_ids == [greedy_a]
 
 
 def test_a_failing_beam_group_on_the_simulator_leaves_the_clock_and_the_others_alone():
-    spec = get_preset("opt-13b")
-    config = EngineConfig(cache=CacheConfig(block_size=16, num_blocks=64, num_host_blocks=0),
-                          scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=256),
-                          executor="sim")
-    engine = LLMEngine(config, executor=SimExecutor(spec))
+    engine = sim_engine()
     engine.add_request("a", PROMPT_A, SamplingParams(max_tokens=10, ignore_eos=True))
     engine.add_request("b", PROMPT_B, SamplingParams(n=3, use_beam_search=True, max_tokens=10))
     engine.step()
@@ -79,10 +88,10 @@ def test_a_failing_beam_group_on_the_simulator_leaves_the_clock_and_the_others_a
     assert engine.executor.num_steps == engine.num_steps  # each step timed once, failed tries not
 
 
-def test_a_beam_score_that_overflows_fails_only_its_request(greedy_a):
+def test_a_beam_score_that_overflows_fails_only_its_request(shared, greedy_a):
     """length_penalty pushed past its bound after the door: ranking the finished beams overflows in
     the postprocessor; b ends with the cause (its beams as they are), a is untouched."""
-    engine = make_engine()
+    engine = shared
     engine.add_request("a", PROMPT_A, SamplingParams(max_tokens=8))
     engine.add_request("b", PROMPT_B, SamplingParams(n=2, use_beam_search=True, max_tokens=3))
     engine.step()
@@ -93,8 +102,8 @@ def test_a_beam_score_that_overflows_fails_only_its_request(greedy_a):
     assert outputs["b"].finished and all(r in ("abort", "length") for r in outputs["b"].finish_reasons)
 
 
-def test_a_failing_fork_fails_only_its_request(greedy_a, monkeypatch):
-    engine = make_engine()
+def test_a_failing_fork_fails_only_its_request(shared, greedy_a, monkeypatch):
+    engine = shared
     fork_seq = engine.scheduler.fork_seq
 
     def fork_failing_for_b(parent, child):
@@ -112,10 +121,10 @@ def test_a_failing_fork_fails_only_its_request(greedy_a, monkeypatch):
     assert outputs["c"].error is None and [len(t) for t in outputs["c"].output_token_ids] == [4, 4]
 
 
-def test_a_failing_finish_fails_only_its_request(greedy_a, monkeypatch):
+def test_a_failing_finish_fails_only_its_request(shared, greedy_a, monkeypatch):
     """A failure while finishing a sequence (freeing it) ends its request; the same step appends the
     other requests' tokens and finishes them."""
-    engine = make_engine()
+    engine = shared
     free_seq = engine.scheduler.free_seq
 
     def free_failing_for_b(seq):
@@ -139,7 +148,6 @@ class FailingExecutor:
 
     def __init__(self, inner):
         self.inner, self.fail = inner, None
-        self.vocab_size = inner.vocab_size
 
     def execute(self, plan):
         result = self.inner.execute(plan)
@@ -153,7 +161,7 @@ class FailingExecutor:
 
 def test_a_failure_no_request_explains_propagates():
     """The engine never swallows an executor failure it cannot pin on a request."""
-    engine = make_engine()
+    engine = sim_engine()
     engine.executor = FailingExecutor(engine.executor)
     engine.add_request("a", PROMPT_A, SamplingParams(max_tokens=8))
     engine.step()
@@ -167,7 +175,7 @@ def test_a_failure_no_request_explains_propagates():
 
 
 def test_an_executor_returning_the_wrong_number_of_tokens_is_an_error():
-    engine = make_engine()
+    engine = sim_engine()
     engine.executor = FailingExecutor(engine.executor)
     engine.executor.fail = lambda result: result.__class__(result.token_ids[:0], None, None, None, 0.0)
     engine.add_request("a", PROMPT_A, SamplingParams(max_tokens=8))
