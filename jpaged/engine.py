@@ -49,6 +49,9 @@ class LLMEngine:
             raise TypeError(f"config: must be an EngineConfig, got {type(config).__name__}")
         self.config = config
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
+        if executor is not None and not all(callable(getattr(executor, m, None)) for m in ("execute", "now")):
+            raise TypeError(f"executor: must implement execute(plan) and now() (the Executor protocol), "
+                            f"got {type(executor).__name__}")
         self.executor = executor if executor is not None else _default_executor(config)
         self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
         self.postprocessor = Postprocessor(self.scheduler)

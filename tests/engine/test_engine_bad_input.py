@@ -52,6 +52,12 @@ def paper_engine(engine):
     return LLMEngine(dataclasses.replace(engine.config, scheduler=scheduler), executor=engine.executor)
 
 
+def tiny_config(**cache):
+    """tiny-opt on the JAX executor with the cache settings `cache` (a 1 TiB pool: no machine fits it)."""
+    return EngineConfig(model=ModelConfig(name="tiny-opt", attention_backend="xla"),
+                        cache=CacheConfig(**{"num_blocks": 8, "num_host_blocks": 0, **cache}))
+
+
 def row(case_id, call, exc, *names):
     return pytest.param(call, exc, names, id=case_id)
 
@@ -221,7 +227,13 @@ CASES = [
     row("engine-table-too-large", lambda e, d: EngineConfig(
         scheduler=SchedulerConfig(max_num_seqs=2**16, max_num_batched_tokens=2**16, max_model_len=2**20),
         cache=CacheConfig(block_size=1)), ValueError, "scheduler.max_num_seqs", "block-table entries"),
+    row("cache-device-pool-too-big", lambda e, d: LLMEngine(tiny_config(num_blocks=2**15, block_size=2**15)),
+        ValueError, "cache.num_blocks", "32768 blocks", "GiB"),
+    row("cache-host-pool-too-big", lambda e, d: LLMEngine(tiny_config(num_host_blocks=2**24 - 1, block_size=64)),
+        ValueError, "cache.num_host_blocks", "16777215 blocks", "host memory"),
     row("engine-config-not-a-config", lambda e, d: LLMEngine({"executor": "sim"}), TypeError, "config", "dict"),
+    row("engine-executor-not-an-executor", lambda e, d: LLMEngine(e.config, executor="jax"), TypeError,
+        "executor", "str"),
     row("config_from_dict-list", lambda e, d: config_from_dict(CacheConfig, [1, 2]), TypeError, "<dict>", "list"),
     # ---- YAML files (jpaged's configs and experiments' configs through load_config)
     yaml_row("yaml-duplicate-key", "num_requests: 10\nseed: 1\nnum_requests: 20\n", BenchHostConfig, ValueError,
