@@ -24,10 +24,7 @@ def config_class(stem):
     return cls
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.stem, marks=[pytest.mark.xfail(
-        strict=True, reason="configs/kernel_bench_gpu_check.yaml sets `resume`, which KernelBenchConfig does not have")]
-        if p.stem == "kernel_bench_gpu_check" else []) for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_every_committed_config_loads(path):
     config = load_config(path, config_class(path.stem))
     assert dataclasses.is_dataclass(config)
