@@ -38,6 +38,9 @@ from jpaged.models.presets import ModelSpec, get_preset
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024**2  # largest stored chunk; stacked tensors are also split per layer
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")  # what a checkpoint's weights may be stored as
+# safetensors dtypes a Hugging Face weight may have (integer or bool tensors would load silently wrong)
+_HF_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def resolve_dtype(name: str) -> jnp.dtype:
@@ -77,9 +80,22 @@ def save_params(path: str | Path, spec: ModelSpec, params: decoder.Params | nnx.
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The JSON metadata of a checkpoint written by `save_params` (spec, dtype, and extras)."""
-    restored = _checkpointer().restore(Path(path).absolute(), ocp.args.Composite(metadata=ocp.args.JsonRestore()))
-    return restored.metadata
+    """The JSON metadata of a checkpoint written by `save_params` (spec, dtype, and extras), checked:
+    ValueError naming the key and the checkpoint when it is missing, malformed or out of range."""
+    path = Path(path).absolute()
+    try:
+        meta = _checkpointer().restore(path, ocp.args.Composite(metadata=ocp.args.JsonRestore())).metadata
+    except Exception as exc:  # orbax raises many kinds (missing dir, no metadata item, bad JSON)
+        raise ValueError(f"{path}: not a checkpoint written by save_params ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("spec"), dict):
+        raise ValueError(f"{path}: metadata must be an object with a 'spec' object, got {meta!r:.200}")
+    if meta.get("dtype") not in WEIGHT_DTYPES:
+        raise ValueError(f"{path}: metadata dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {meta.get('dtype')!r}")
+    try:
+        ModelSpec.from_dict(meta["spec"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: metadata spec: {exc}") from None
+    return meta
 
 
 def restore_params(path: str | Path, *, mesh: Mesh | None = None, dtype: Any = None,
@@ -124,15 +140,21 @@ def _read_budget(stored: Any, target: decoder.Params) -> int:
 
 
 def _index_safetensors(directory: Path) -> dict[str, Any]:
-    """Name -> (open file, key) for every tensor of every *.safetensors file, "model." stripped."""
+    """Name -> (open file, key, file path) for every tensor of every *.safetensors file, "model."
+    stripped. A file that is not valid safetensors (truncated, corrupted header) raises ValueError
+    naming it."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{directory}: no *.safetensors files (pickled .bin weights are not read)")
     tensors: dict[str, Any] = {}
     for file in files:
-        handle = safe_open(str(file), framework="np")
-        for name in handle.keys():
-            tensors[name.removeprefix("model.")] = (handle, name)
+        try:
+            handle = safe_open(str(file), framework="np")
+            names = list(handle.keys())
+        except Exception as exc:  # safetensors' own error type, or OSError
+            raise ValueError(f"{file}: not a readable safetensors file ({exc})") from None
+        for name in names:
+            tensors[name.removeprefix("model.")] = (handle, name, file)
     return tensors
 
 
@@ -146,8 +168,11 @@ def _shard_reader(sources: list[Any], stacked: bool, transposed: bool, dtype: An
     def read(index: tuple[slice, ...]) -> np.ndarray:
         layers, inner = (sources[index[0]], index[1:]) if stacked else (sources, index)
         parts = []
-        for handle, key in layers:
-            part = handle.get_slice(key)[tuple(reversed(inner)) if transposed else inner]
+        for handle, key, file in layers:
+            try:
+                part = handle.get_slice(key)[tuple(reversed(inner)) if transposed else inner]
+            except Exception as exc:
+                raise ValueError(f"{file}: tensor {key} could not be read ({exc})") from None
             parts.append(part.T if transposed else part)
         return (np.stack(parts) if stacked else parts[0]).astype(dtype)
 
@@ -158,14 +183,20 @@ def import_hf(directory: str | Path, *, name: str | None = None, dtype: Any = jn
               mesh: Mesh | None = None) -> tuple[ModelSpec, decoder.Params]:
     """Imports an OPT or LLaMA Hugging Face directory (config.json + safetensors) as (spec, params).
 
-    Raises ValueError naming the tensor when one is missing or has the wrong shape, before any
-    tensor is read. With `mesh`, each device reads only its shard (see the module docstring).
+    Raises ValueError naming the file, and the key or tensor, when config.json is not valid JSON or
+    a field has the wrong type or range, or a tensor is missing, misshaped or not floating point,
+    before any tensor is read (and naming the tensor if a read fails). With `mesh`, each device
+    reads only its shard (see the module docstring).
     """
     directory = Path(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{directory}: no config.json")
-    spec = spec_from_hf_config(json.loads(config_path.read_text()), name or directory.name, str(config_path))
+    try:
+        config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from None
+    spec = spec_from_hf_config(config, name or directory.name, str(config_path))
     tensors = _index_safetensors(directory)
     shapes, placements = decoder.param_shapes(spec), _placements(spec, mesh)
     leaves: dict[tuple[str, ...], jax.Array] = {}
@@ -176,10 +207,13 @@ def import_hf(directory: str | Path, *, name: str | None = None, dtype: Any = jn
         for hf_name in names:
             if hf_name not in tensors:
                 raise ValueError(f"{directory}: tensor {hf_name} is missing (expected shape {list(hf_shape)})")
-            handle, key = tensors[hf_name]
-            if tuple(handle.get_slice(key).get_shape()) != tuple(hf_shape):
-                raise ValueError(f"{directory}: tensor {hf_name} has shape {handle.get_slice(key).get_shape()}, "
-                                 f"expected {list(hf_shape)}")
+            handle, key, file = tensors[hf_name]
+            stored = handle.get_slice(key)
+            if tuple(stored.get_shape()) != tuple(hf_shape):
+                raise ValueError(f"{file}: tensor {hf_name} has shape {stored.get_shape()}, expected {list(hf_shape)}")
+            if stored.get_dtype() not in _HF_FLOAT_DTYPES:
+                raise ValueError(f"{file}: tensor {hf_name} has dtype {stored.get_dtype()}; weights must be "
+                                 f"floating point ({', '.join(_HF_FLOAT_DTYPES)})")
         reader = _shard_reader([tensors[n] for n in names], path[0] == "layers", transposed, jnp.dtype(dtype))
         leaves[path] = jax.make_array_from_callback(want, _get(placements, path), reader)
     params = _unflatten(leaves)

@@ -14,7 +14,29 @@ import enum
 import zlib
 from typing import Literal
 
+from jpaged.validation import (FLOAT32_MAX, INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float,
+                               check_int, check_token_ids)
+
 OutputKind = Literal["final", "delta", "cumulative"]
+# |length_penalty| bound: output_len ** length_penalty stays finite for any max_model_len the
+# config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
+MAX_LENGTH_PENALTY = 10.0
+
+# SamplingParams field -> its check (type and range; returns the value as a plain Python type).
+# The bounds are the device's: top_k is int32, seeds uint32, temperature float32.
+_FIELD_CHECKS = {
+    "n": lambda f, v: check_int(f, v, 1),
+    "use_beam_search": check_bool,
+    "temperature": lambda f, v: check_float(f, v, 0.0, FLOAT32_MAX),
+    "top_k": lambda f, v: check_int(f, v, 0, INT32_LIMIT, hi_open=True),
+    "top_p": lambda f, v: check_float(f, v, 0.0, 1.0, lo_open=True),
+    "max_tokens": lambda f, v: check_int(f, v, 1),
+    "stop_token_ids": lambda f, v: tuple(check_token_ids(f, v, allow_empty=True)),
+    "ignore_eos": check_bool,
+    "seed": lambda f, v: check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+    "length_penalty": lambda f, v: check_float(f, v, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+    "output_kind": lambda f, v: check_choice(f, v, ("final", "delta", "cumulative")),
+}
 
 
 class SequenceStatus(enum.Enum):
@@ -35,7 +57,8 @@ class SequenceStatus(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to pick output tokens. Validation errors name the field and its allowed range."""
+    """How to pick output tokens. Every field is checked at construction (`_FIELD_CHECKS`): a wrong
+    type raises TypeError, a value out of range ValueError, naming the field, the value and the range."""
 
     n: int = 1  # independent samples of the request (parallel sampling); beam width under beam search
     use_beam_search: bool = False  # keep the n most likely sequences (needs temperature 0)
@@ -50,23 +73,15 @@ class SamplingParams:
     output_kind: OutputKind = "final"  # step() reports the request: at the end, or every step (delta / cumulative)
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        # A bad value must fail here, at the door, never inside a step that batches other requests.
+        for name, check in _FIELD_CHECKS.items():
+            object.__setattr__(self, name, check(f"SamplingParams.{name}", getattr(self, name)))
         if self.use_beam_search and self.temperature != 0:
-            raise ValueError(f"use_beam_search needs temperature 0 (beam search is deterministic), "
+            raise ValueError(f"SamplingParams.use_beam_search needs temperature 0 (beam search is deterministic), "
                              f"got temperature={self.temperature}")
         if self.use_beam_search and (self.top_k != 0 or self.top_p != 1.0):
-            raise ValueError("use_beam_search does not combine with top_k / top_p sampling")
-        if self.output_kind not in ("final", "delta", "cumulative"):
-            raise ValueError(f"output_kind must be 'final', 'delta' or 'cumulative', got {self.output_kind!r}")
+            raise ValueError("SamplingParams.use_beam_search does not combine with top_k / top_p sampling, "
+                             f"got top_k={self.top_k}, top_p={self.top_p}")
 
 
 class Sequence:
@@ -121,7 +136,7 @@ class Sequence:
 
 def request_stream(request_id: str) -> int:
     """A stable 31-bit base of the random streams of request `request_id` (one stream per sample index)."""
-    return (zlib.crc32(request_id.encode()) * 1_000_003) & 0x7FFFFFFF
+    return (zlib.crc32(request_id.encode("utf-8", "surrogatepass")) * 1_000_003) & 0x7FFFFFFF
 
 
 @dataclasses.dataclass(eq=False)  # identity semantics: queues find and remove this very request

@@ -85,8 +85,15 @@ class ModelSpec:
             raise ValueError(f"family must be 'opt' or 'llama', got {self.family!r}")
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                       "head_dim", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        for field in ("norm_eps", "rope_theta"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value > 0):
+                raise ValueError(f"{field} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
