@@ -36,12 +36,20 @@ class EngineObserver:
     def on_step_end(self, engine: LLMEngine, out: SchedulerOutput, outputs: list[RequestOutput], end: float) -> None:
         """After the step's tokens are applied; `outputs` are what step() returns."""
 
+    def on_request_finished(self, engine: LLMEngine, group: SequenceGroup, output: RequestOutput) -> None:
+        """When step() reports a request finished (stopped, length, aborted or rejected), before
+        on_step_end; `group` holds all its sequences (whatever `output` reports)."""
+
 
 class LLMEngine:
     """Serves requests over a paged KV cache with iteration-level scheduling."""
 
-    def __init__(self, config: EngineConfig, executor: Executor | None = None, scheduler: Scheduler | None = None):
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, scheduler: Scheduler | None = None,
+                 eos_token_ids: Seq[int] = ()):
+        """`eos_token_ids`: the model's end-of-sequence ids; every request stops at them unless
+        `ignore_eos` (the text front ends pass the tokenizer's; token-level users may leave none)."""
         self.config = config
+        self.eos_token_ids = tuple(eos_token_ids)
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
         self.executor = executor if executor is not None else _default_executor(config)
         self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
@@ -93,10 +101,11 @@ class LLMEngine:
         seq = Sequence(self.scheduler.new_seq_id(), prompt)
         group = SequenceGroup(request_id, [seq], params,
                               self.executor.now() if arrival_time is None else arrival_time,
-                              self._num_arrivals, cache_salt=cache_salt)
+                              self._num_arrivals, cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
         self._num_arrivals += 1
         self._groups[request_id] = group
         self.postprocessor.num_streaming += params.output_kind != "final"
+        self.postprocessor.num_logprobs += params.logprobs is not None
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> None:
@@ -106,6 +115,29 @@ class LLMEngine:
             raise KeyError(f"cannot abort request {request_id!r}: no such unfinished request")
         self.scheduler.abort(group)
         self.postprocessor.finish_group(group, self.executor.now(), SequenceStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, indices: Seq[int] | None = None,
+                       status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> None:
+        """Ends samples of a request from outside the core: the text front end found a stop string.
+
+        The live sequences with sample index in `indices` (None: all) end with `status` and free
+        their blocks now; once none is left the request's output comes with the next step().
+        Sequences that already finished are left as they are.
+        """
+        group = self._groups.get(request_id)
+        if group is None or group.finish_time is not None:
+            raise KeyError(f"cannot finish request {request_id!r}: no such unfinished request")
+        if not status.is_finished:
+            raise ValueError(f"status must be a finished status, got {status}")
+        chosen = group.live_seqs() if indices is None else [s for s in group.live_seqs() if s.index in set(indices)]
+        for seq in chosen:
+            seq.status = status
+        if group.is_finished:  # from whichever queue holds it; every block back
+            self.scheduler.abort(group)
+            self.postprocessor.finish_group(group, self.executor.now())
+        else:
+            for seq in chosen:
+                self.scheduler.free_seq(seq)
 
     def has_unfinished(self) -> bool:
         """True while any request waits, runs, is swapped out, or has an unreported output."""
@@ -134,7 +166,9 @@ class LLMEngine:
         outputs = self.postprocessor.drain()
         for output in outputs:
             if output.finished:
-                del self._groups[output.request_id]
+                group = self._groups.pop(output.request_id)
+                for observer in self.observers:
+                    observer.on_request_finished(self, group, output)
         for observer in self.observers:
             observer.on_step_end(self, out, outputs, self.executor.now())
         return outputs
