@@ -15,6 +15,7 @@ iterator before the end aborts the request: it leaves the engine at the next ste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -167,8 +168,9 @@ class AsyncLLMEngine:
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come (an async generator; see `add_request`)."""
         stream = await self.add_request(request_id or self.new_request_id(), prompt, params)
-        async for output in stream:
-            yield output
+        async with contextlib.aclosing(stream):  # closing this generator closes (aborts) the request
+            async for output in stream:
+                yield output
 
     async def _stream(self, request_id: str, collector: _Collector) -> AsyncIterator[RequestOutput]:
         finished = False
