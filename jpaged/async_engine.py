@@ -88,6 +88,38 @@ class _Add:
     done: asyncio.Future  # resolved on the event loop: None, or the add_request error
 
 
+class RequestStream:
+    """One request's outputs, an async iterator; `aclose()` before its end aborts the request
+    (also when iteration never started), and so does cancelling a task waiting on it."""
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str, collector: _Collector):
+        self.request_id = request_id
+        self._engine, self._collector = engine, collector
+        self.finished = False  # its final output was returned, or it was closed
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            output = await self._collector.get()
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
+        if output.finished:
+            self.finished = True
+            self._engine._close(self.request_id, finished=True)
+        return output
+
+    async def aclose(self) -> None:
+        """Stops reading; an unfinished request is aborted (its blocks freed at the next step)."""
+        if not self.finished:
+            self.finished = True
+            self._engine._close(self.request_id, finished=False)
+
+
 class AsyncLLMEngine:
     """Serves requests concurrently from asyncio code; one thread steps the engine."""
 
@@ -141,8 +173,7 @@ class AsyncLLMEngine:
         self._num_requests += 1
         return f"{prefix}-{self._num_requests}"
 
-    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams
-                          ) -> AsyncIterator[RequestOutput]:
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
         """Queues a request once the engine accepted it; returns its stream of outputs.
 
         Raises ValueError / TypeError (naming the field) when the engine refuses the request,
@@ -162,7 +193,7 @@ class AsyncLLMEngine:
             if not done.done() or done.cancelled():  # cancelled while waiting: it may still be added
                 self._commands.put(("abort", request_id))
             raise
-        return self._stream(request_id, collector)
+        return RequestStream(self, request_id, collector)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -172,17 +203,10 @@ class AsyncLLMEngine:
             async for output in stream:
                 yield output
 
-    async def _stream(self, request_id: str, collector: _Collector) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                output = await collector.get()
-                finished = output.finished
-                yield output
-        finally:
-            self._collectors.pop(request_id, None)
-            if not finished:  # closed or cancelled early: the request leaves the engine
-                self._commands.put(("abort", request_id))
+    def _close(self, request_id: str, finished: bool) -> None:
+        self._collectors.pop(request_id, None)
+        if not finished:  # closed or cancelled early: the request leaves the engine
+            self._commands.put(("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
         """Aborts a request (its stream ends with finish reason "abort" at the next step)."""

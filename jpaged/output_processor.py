@@ -62,8 +62,8 @@ class OutputProcessor:
         """Starts tracking a request; the engine must get `engine_params(params)` for it."""
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        if self.tokenizer is None and (params.stop or prompt is not None):
-            raise ValueError("stop: stop strings need a tokenizer (this model has none: pass token ids)")
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop: stop strings need a tokenizer (this model has none)")
         self._requests[request_id] = _Request(params, prompt, list(prompt_ids))
 
     def abort(self, request_id: str) -> None:
