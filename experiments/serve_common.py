@@ -16,10 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
 
 from experiments.common import REPO_ROOT
 
@@ -68,9 +67,10 @@ class ServerProcess:
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {self.process.returncode}; log: {self.log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health", timeout=5).status_code == 200:
-                    return
+            with contextlib.suppress(OSError):  # refused while starting; URLError is an OSError
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{name} did not come up in {startup_timeout} s; log: {self.log}")

@@ -123,10 +123,11 @@ class RequestStream:
 class AsyncLLMEngine:
     """Serves requests concurrently from asyncio code; one thread steps the engine."""
 
-    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None):
+    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None, stream_interval: int = 1):
+        """`stream_interval`: report streams every that many engine steps (see OutputProcessor)."""
         self.engine = engine
         self.tokenizer = tokenizer
-        self._processor = OutputProcessor(engine, tokenizer)
+        self._processor = OutputProcessor(engine, tokenizer, stream_interval)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._collectors: dict[str, _Collector] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,9 +136,9 @@ class AsyncLLMEngine:
         self.error: BaseException | None = None  # why the step loop died, if it did
 
     @classmethod
-    def from_model(cls, model: str, **kwargs: Any) -> AsyncLLMEngine:
+    def from_model(cls, model: str, stream_interval: int = 1, **kwargs: Any) -> AsyncLLMEngine:
         """Builds the engine as `jpaged.LLM` does (model, config=, tokenizer=, engine arguments)."""
-        return cls(*build_engine(model, **kwargs))
+        return cls(*build_engine(model, **kwargs), stream_interval=stream_interval)
 
     @property
     def is_running(self) -> bool:

@@ -9,7 +9,8 @@ arrivals, seeded pseudo-random prompt token ids), lengths scaled by --length-sca
 the server's max_model_len. Each is a streamed POST /v1/completions with the prompt as token ids,
 max_tokens = its output length, `ignore_eos` (vLLM's extension, so every server generates the same
 number of tokens), temperature 0, and `stream_options.include_usage` (the server's own token count).
-Metrics, with vLLM's names: request throughput, output and total token throughput, TTFT, TPOT
+The client is aiohttp, as in vLLM's script (a third of httpx's CPU per streamed chunk here, which
+matters when client and server share the machine). Metrics, with vLLM's names: request throughput, output and total token throughput, TTFT, TPOT
 (excluding the first token), ITL (gaps between streamed chunks, pooled) and E2EL — mean, median,
 std, p90, p99 in ms — from the client's clock. Results (with every request) are written as JSON.
 """
@@ -27,9 +28,10 @@ import platform
 import resource
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
-import httpx
+import aiohttp
 import numpy as np
 
 from jpaged.metrics import RequestRecord, summarize_requests, summarize_token_times
@@ -62,28 +64,28 @@ def make_requests(dataset: str, num_prompts: int, request_rate: float, seed: int
     return arrivals, lengths_trace(arrivals, prompt_lens, output_lens, token_rng, vocab_size)
 
 
-async def _send(client: httpx.AsyncClient, url: str, model: str, request, start: float) -> RequestResult:
+async def _send(session: aiohttp.ClientSession, url: str, model: str, request, start: float) -> RequestResult:
     result = RequestResult(request.request_id, request.prompt_len, request.output_len)
     payload = {"model": model, "prompt": request.prompt_token_ids.tolist(), "max_tokens": request.output_len,
                "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     result.sent = time.perf_counter() - start
     try:
-        async with client.stream("POST", url, json=payload) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:200]}"
+        async with session.post(url, json=payload) as response:
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for raw in response.content:  # one line at a time; events are "data: ...\n\n"
+                if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
                     continue
                 now = time.perf_counter() - start
-                chunk = json.loads(line[6:])
+                chunk = json.loads(raw[6:])
                 if "error" in chunk:
                     result.error = chunk["error"].get("message", "error")
                 if chunk.get("usage"):
                     result.output_len = chunk["usage"]["completion_tokens"]
                 if any(c.get("text") for c in chunk.get("choices", ())):
                     result.chunk_times.append(now)
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     result.finished = time.perf_counter() - start
     if result.error is None and (not result.chunk_times or result.output_len < 1):
@@ -94,13 +96,13 @@ async def _send(client: httpx.AsyncClient, url: str, model: str, request, start:
 async def benchmark(base_url: str, model: str, arrivals: np.ndarray, requests: list) -> tuple[list[RequestResult], float]:
     """Sends every request at its arrival time; (results, seconds from the first send to the last answer)."""
     url = base_url.rstrip("/") + "/v1/completions"
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no client-side cap on concurrent connections
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = time.perf_counter()
 
         async def at(t: float, request) -> RequestResult:
             await asyncio.sleep(max(0.0, t - (time.perf_counter() - start)))
-            return await _send(client, url, model, request, start)
+            return await _send(session, url, model, request, start)
 
         results = await asyncio.gather(*(at(float(t), r) for t, r in zip(arrivals, requests)))
         return list(results), time.perf_counter() - start
@@ -141,9 +143,8 @@ def format_summary(summary: dict) -> str:
 
 
 def _model_card(base_url: str) -> dict:
-    response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30)
-    response.raise_for_status()
-    return response.json()["data"][0]
+    with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=30) as response:
+        return json.loads(response.read())["data"][0]
 
 
 def run(args: argparse.Namespace) -> int:

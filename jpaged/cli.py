@@ -32,6 +32,8 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--policy", choices=["paper", "chunked"])
     engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
     engine.add_argument("--attention-backend")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
     p.add_argument("--no-warmup", action="store_true", help="skip compiling the smallest steps before serving")
     p.add_argument("--disable-access-log", action="store_true")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -7,7 +7,9 @@ engine (`LLMEngine.finish_request`, finish reason "stop", blocks freed) before t
 never computes a token past the stop; once all its samples ended, the request is reported finished. A request without stop strings that is not streamed asks the
 engine for its final output only (no per-step work). Users get the output kind they asked for:
 "final" (once, at the end), "delta" (new tokens and new text) or "cumulative" (everything so far).
-Streamed text holds back a tail that could still become a stop string. Pure Python, no jax.
+Streamed text holds back a tail that could still become a stop string; `stream_interval` > 1
+reports streams every few steps (vLLM's knob: fewer, larger chunks, less host work per token).
+Pure Python, no jax.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class _Sample:
     logprobs: list[dict[int, float]] | None = None
     sent_text: list[str] = dataclasses.field(default_factory=list)  # what take_delta returned (cumulative)
     num_sent: int = 0  # tokens already reported (delta)
+    cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     finish_sent: bool = False  # a delta stream reported the finish reason already
@@ -41,6 +44,8 @@ class _Request:
     prompt: str | None
     prompt_ids: list[int]
     samples: dict[int, _Sample] = dataclasses.field(default_factory=dict)
+    steps_unreported: int = 0  # engine outputs since the user's last one (stream_interval)
+    reported: bool = False  # the user got an output already (the first token goes out at once)
 
 
 def engine_params(params: SamplingParams) -> SamplingParams:
@@ -52,9 +57,14 @@ def engine_params(params: SamplingParams) -> SamplingParams:
 class OutputProcessor:
     """Per-request text state between an engine and its users (one per engine, on its thread)."""
 
-    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None):
+    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None, stream_interval: int = 1):
+        """`stream_interval` (vLLM's knob): a streamed request is reported at its first token, then
+        every `stream_interval` engine steps, and when a sample or the request ends; 1 = every step."""
+        if not (isinstance(stream_interval, int) and stream_interval >= 1):
+            raise ValueError(f"stream_interval must be an int >= 1, got {stream_interval!r}")
         self.engine = engine
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self._requests: dict[str, _Request] = {}
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -91,8 +101,15 @@ class OutputProcessor:
                     out = dataclasses.replace(out, finished=True, finish_time=self.engine.executor.now())
             if out.finished:
                 del self._requests[out.request_id]
-            if out.finished or request.params.output_kind != "final":
-                user_outputs.append(self._user_output(request, out))
+            elif request.params.output_kind == "final":
+                continue
+            else:
+                request.steps_unreported += 1
+                if (request.reported and request.steps_unreported < self.stream_interval and not stopped
+                        and not any(c.finish_reason for c in out.outputs)):
+                    continue  # stream_interval: let the next steps' tokens join this one's
+            request.steps_unreported, request.reported = 0, True
+            user_outputs.append(self._user_output(request, out))
         return user_outputs
 
     def _apply(self, request: _Request, completion: CompletionOutput) -> bool:
@@ -106,6 +123,7 @@ class OutputProcessor:
             sample = request.samples[completion.index] = _Sample(text)
         if sample.finish_reason is not None:  # ended by a stop string: nothing after it counts
             return False
+        sample.cumulative_logprob = completion.cumulative_logprob
         stop = None
         for i, token in enumerate(completion.token_ids):
             if sample.text is not None:
@@ -132,7 +150,9 @@ class OutputProcessor:
     @staticmethod
     def _add_logprobs(sample: _Sample, completion: CompletionOutput, count: int) -> None:
         if completion.logprobs is not None:
-            sample.logprobs = (sample.logprobs or []) + completion.logprobs[:count]
+            if sample.logprobs is None:
+                sample.logprobs = []
+            sample.logprobs += completion.logprobs[:count]
 
     def _user_output(self, request: _Request, out: RequestOutput) -> RequestOutput:
         """The request's output in the kind its user asked for (text cut at stop strings)."""
@@ -155,11 +175,11 @@ class OutputProcessor:
                     text = "".join(sample.sent_text)
                 else:
                     text = sample.text.text if sample.text is not None else ""
-            cumulative = next((c.cumulative_logprob for c in out.outputs if c.index == index), 0.0)
-            completions.append(CompletionOutput(index, token_ids, cumulative, finish, logprobs, text,
+            completions.append(CompletionOutput(index, token_ids, sample.cumulative_logprob, finish, logprobs, text,
                                                 sample.stop_reason if finish is not None else None))
-        return dataclasses.replace(out, outputs=completions, prompt=request.prompt,
-                                   prompt_token_ids=request.prompt_ids)
+        return RequestOutput(out.request_id, request.prompt_ids, completions, out.finished, out.arrival_time,
+                             out.first_scheduled_time, out.first_token_time, out.finish_time, out.error,
+                             request.prompt)
 
     @staticmethod
     def _take_text(sample: _Sample) -> str:

@@ -124,7 +124,7 @@ class _Handler:
                     choices = [self.choice(i * body.n + c.index, c, body, state) for c in out.outputs]
                     completion_tokens += sum(len(c.token_ids) for c in out.outputs)
                     if choices:
-                        yield sse(header(choices=choices))
+                        yield header.chunk(choices)
                     if out.error:
                         yield sse(error_body(f"the engine ended the request: {out.error}", None))
                     if out.finished:
@@ -184,8 +184,8 @@ class ChatHandler(_Handler):
 
     def first_chunks(self, header: ResponseHeader, body: ChatCompletionRequest, num_prompts: int) -> list[str]:
         """Each choice opens with the assistant's role, as OpenAI's streams do."""
-        return [sse(header(choices=[{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                     "finish_reason": None}])) for i in range(num_prompts * body.n)]
+        return [header.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                               "finish_reason": None}]) for i in range(num_prompts * body.n)]
 
 
 def merge_streams(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -72,7 +72,7 @@ def error_body(message: str, param: str | None, kind: str = "invalid_request_err
 
 def sse(payload: dict | str) -> str:
     """One server-sent event: `data: <json>` and a blank line."""
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {payload if isinstance(payload, str) else _dumps(payload)}\n\n"
 
 
 class ResponseHeader:
@@ -80,6 +80,15 @@ class ResponseHeader:
 
     def __init__(self, request_id: str, obj: str, model: str):
         self.fields = {"id": request_id, "object": obj, "created": int(time.time()), "model": model}
+        self._chunk_prefix = "data: " + _dumps(self.fields)[:-1] + ',"choices":'  # serialised once
 
     def __call__(self, **rest) -> dict:
         return {**self.fields, **rest}
+
+    def chunk(self, choices: list[dict]) -> str:
+        """A stream chunk's event: the header fields and `choices` (the hot path of a stream)."""
+        return f"{self._chunk_prefix}{_dumps(choices)}}}\n\n"
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     try:
-        engine = AsyncLLMEngine.from_model(args.model, config=args.config, tokenizer=args.tokenizer, **engine_args)
+        engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
+                                           tokenizer=args.tokenizer, **engine_args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2

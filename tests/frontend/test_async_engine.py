@@ -2,6 +2,7 @@
 requests raise before streaming, a slow reader gets merged deltas, shutdown ends everything."""
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -130,3 +131,24 @@ def test_after_shutdown_requests_fail(llm):
         return True
 
     assert serve(llm, body)
+
+
+def test_stream_interval_sends_the_first_token_then_every_n_steps(llm):
+    async def body(engine):
+        return [out async for out in engine.generate(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True,
+                                                                                output_kind="delta"))]
+
+    async def with_interval():
+        engine = AsyncLLMEngine(llm.engine, llm.get_tokenizer(), stream_interval=8)
+        try:
+            return await body(engine)
+        finally:
+            engine.shutdown()
+
+    chunks = asyncio.run(with_interval())
+    # Reports after the first token, then every 8 steps, and at the end (a slow reader may merge some).
+    ends = list(itertools.accumulate(len(c.outputs[0].token_ids) for c in chunks))
+    assert set(ends) <= {1, 9, 17, 20} and ends[-1] == 20 and len(chunks) >= 2
+    final = llm.generate(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert "".join(c.outputs[0].text for c in chunks) == final.text
+    assert chunks[-1].finished and chunks[-1].outputs[0].finish_reason == "length"
