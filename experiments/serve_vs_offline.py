@@ -7,14 +7,16 @@ model's 512 positions, prompts as token ids, temperature 0, `ignore_eos`, so bot
 exactly the same tokens). Offline: `LLM(model, **engine).generate(prompts)` in this process.
 Server: `jpaged serve` with the same engine arguments in a child process, driven by
 `jpaged bench-serving` in another (streamed /v1/completions, every request sent at once with
-`request_rate: .inf`). Runs interleave (offline, server, server, offline, ...) after one warm-up
-run of each (which compiles every shape); each repeat's ratio is server / offline output tok/s.
+`request_rate: .inf`), one server per `stream_intervals` value (1 = every token, the default). Runs
+interleave (each repeat rotates who goes first) after one warm-up run of each (which compiles
+every shape); each repeat's ratio is server / offline output tok/s.
 Printed and saved: tok/s, wall and CPU seconds of each run (offline: this process; server: its
 process tree; client: bench-serving's own), the load average around each run, the ratios.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -43,6 +45,7 @@ class ServeVsOfflineConfig:
     num_prompts: int = 200
     length_scale: float = 0.25
     request_rate: float = math.inf
+    stream_intervals: tuple[int, ...] = (1,)  # one server per value (vLLM's --stream-interval; 1 = default)
     repeats: int = 6
     seed: int = 0
     output: str = "results/serve_vs_offline.json"
@@ -100,43 +103,56 @@ def run(config: ServeVsOfflineConfig) -> dict:
                                 llm.get_tokenizer().vocab_size, max_model_len, config.length_scale)
     prompts = [r.prompt_token_ids.tolist() for r in requests]
     params = [SamplingParams(max_tokens=r.output_len, ignore_eos=True) for r in requests]
-    port = free_port()
-    command = [sys.executable, "-m", "jpaged.cli", "serve", "--model", config.model, "--port", str(port),
-               "--disable-access-log", "--log-level", "warning", *serve_flags(config.engine)]
+    sides = ["offline"] + [f"server_si{k}" for k in config.stream_intervals]
     runs: list[dict] = []
-    with serving("jpaged", command, port) as server:
-        run_offline(llm, prompts, params)  # warm-up: compiles every shape the workload needs
-        run_server(server, config)
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for k in config.stream_intervals:
+            port = free_port()
+            command = [sys.executable, "-m", "jpaged.cli", "serve", "--model", config.model, "--port", str(port),
+                       "--stream-interval", str(k), "--disable-access-log", "--log-level", "warning",
+                       *serve_flags(config.engine)]
+            servers[f"server_si{k}"] = stack.enter_context(serving(f"jpaged-si{k}", command, port))
+
+        def one(side: str) -> dict:
+            return run_offline(llm, prompts, params) if side == "offline" else run_server(servers[side], config)
+
+        for side in sides:
+            one(side)  # warm-up: compiles every shape the workload needs
         for repeat in range(config.repeats):
-            order = ("offline", "server") if repeat % 2 == 0 else ("server", "offline")
+            order = sides[repeat % len(sides):] + sides[: repeat % len(sides)]  # rotate who goes first
             for side in order:
-                result = run_offline(llm, prompts, params) if side == "offline" else run_server(server, config)
+                result = one(side)
                 runs.append({"repeat": repeat, "side": side, **result})
                 log.info("%s repeat %d: %.0f tok/s (wall %.2f s, cpu %.2f s, load %.1f)", side, repeat,
                          result["output_tok_s"], result["wall_s"], result["cpu_s"], result["load_average"][0])
-    ratios = []
-    for repeat in range(config.repeats):
-        pair = {r["side"]: r for r in runs if r["repeat"] == repeat}
-        assert pair["server"]["output_tokens"] == pair["offline"]["output_tokens"], "the sides generated differently"
-        ratios.append(pair["server"]["output_tok_s"] / pair["offline"]["output_tok_s"])
 
     def median(side: str, key: str) -> float:
         return statistics.median(r[key] for r in runs if r["side"] == side)
 
-    summary = {
-        "output_tokens": runs[0]["output_tokens"],
-        "ratio_server_over_offline_median": statistics.median(ratios),
-        "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
-        "offline_tok_s_median": median("offline", "output_tok_s"),
-        "server_tok_s_median": median("server", "output_tok_s"),
-        "offline_cpu_s_median": median("offline", "cpu_s"),
-        "server_cpu_s_median": median("server", "cpu_s"),
-        "client_cpu_s_median": median("server", "client_cpu_s"),
-        "target": "server within 10% of offline (ratio >= 0.9)",
-    }
+    summary: dict[str, Any] = {"output_tokens": runs[0]["output_tokens"],
+                               "offline_tok_s_median": median("offline", "output_tok_s"),
+                               "offline_cpu_s_median": median("offline", "cpu_s")}
+    for side in sides[1:]:
+        ratios = []
+        for repeat in range(config.repeats):
+            pair = {r["side"]: r for r in runs if r["repeat"] == repeat}
+            if pair[side]["output_tokens"] != pair["offline"]["output_tokens"]:
+                raise RuntimeError(f"{side} generated {pair[side]['output_tokens']} tokens, offline "
+                                   f"{pair['offline']['output_tokens']}: not the same workload")
+            ratios.append(pair[side]["output_tok_s"] / pair["offline"]["output_tok_s"])
+        summary[side] = {"ratio_over_offline_median": statistics.median(ratios), "ratio_min": min(ratios),
+                         "ratio_max": max(ratios), "ratios": ratios,
+                         "tok_s_median": median(side, "output_tok_s"), "server_cpu_s_median": median(side, "cpu_s"),
+                         "client_cpu_s_median": median(side, "client_cpu_s"),
+                         "mean_tpot_ms_median": median(side, "mean_tpot_ms")}
+    summary["target"] = "server within 10% of offline (ratio >= 0.9)"
     result = {"summary": summary, "runs": runs, "provenance": provenance(config, seed=config.seed)}
     for key, value in summary.items():
-        print(f"{key:<34}{value:.3f}" if isinstance(value, float) else f"{key:<34}{value}")
+        if isinstance(value, dict):
+            print(key + ": " + ", ".join(f"{k} {v:.3f}" for k, v in value.items() if isinstance(v, float)))
+        else:
+            print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
     write_json(REPO_ROOT / config.output, result)
     return result
 

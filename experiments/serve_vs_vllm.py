@@ -125,7 +125,8 @@ def run(config: ServeVsVllmConfig) -> dict:
     ratios = {}
     for rate in config.request_rates:
         per = {}
-        for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "cpu_per_token"):
+        for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
+                    "cpu_per_token"):
             values = []
             for repeat in range(config.repeats):
                 pair = {r["server"]: r for r in runs if r["request_rate"] == rate and r["repeat"] == repeat}

@@ -10,9 +10,9 @@ the server's max_model_len. Each is a streamed POST /v1/completions with the pro
 max_tokens = its output length, `ignore_eos` (vLLM's extension, so every server generates the same
 number of tokens), temperature 0, and `stream_options.include_usage` (the server's own token count).
 The client is aiohttp, as in vLLM's script (a third of httpx's CPU per streamed chunk here, which
-matters when client and server share the machine). Metrics, with vLLM's names: request throughput, output and total token throughput, TTFT, TPOT
-(excluding the first token), ITL (gaps between streamed chunks, pooled) and E2EL — mean, median,
-std, p90, p99 in ms — from the client's clock. Results (with every request) are written as JSON.
+matters when client and server share the machine). Metrics, with vLLM's names: request throughput,
+output and total token throughput, TTFT, TPOT (excluding the first token), ITL (gaps between
+streamed chunks, pooled) and E2EL — mean, median, std, p90, p99 in ms — from the client's clock. Results (with every request) are written as JSON.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request, s
     return result
 
 
-async def benchmark(base_url: str, model: str, arrivals: np.ndarray, requests: list) -> tuple[list[RequestResult], float]:
+async def benchmark(base_url: str, model: str, arrivals: np.ndarray,
+                    requests: list) -> tuple[list[RequestResult], float]:
     """Sends every request at its arrival time; (results, seconds from the first send to the last answer)."""
     url = base_url.rstrip("/") + "/v1/completions"
     connector = aiohttp.TCPConnector(limit=0)  # no client-side cap on concurrent connections

@@ -55,7 +55,8 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(model, path, hf_config.get("max_position_embeddings"))
     if model in preset_names():
         return ModelSource(model, None, None)
-    raise ValueError(f"model: {model!r} is neither a local directory nor a preset; presets: {', '.join(preset_names())}")
+    raise ValueError(f"model: {model!r} is neither a local directory nor a preset; "
+                     f"presets: {', '.join(preset_names())}")
 
 
 def engine_config(model: str, config: EngineConfig | str | Path | None = None, **engine_args: Any) -> EngineConfig:

@@ -4,8 +4,9 @@ As in vLLM v1, detokenization and stop strings live in the front end, not in the
 the engine reports new tokens (output_kind "delta") every step a request moves, each sample's
 `OutputText` turns them into text, and a sample whose text hits a stop string is ended in the
 engine (`LLMEngine.finish_request`, finish reason "stop", blocks freed) before the next step, so it
-never computes a token past the stop; once all its samples ended, the request is reported finished. A request without stop strings that is not streamed asks the
-engine for its final output only (no per-step work). Users get the output kind they asked for:
+never computes a token past the stop; once all its samples ended, the request is reported
+finished. A request without stop strings that is not streamed asks the engine for its final
+output only (no per-step work). Users get the output kind they asked for:
 "final" (once, at the end), "delta" (new tokens and new text) or "cumulative" (everything so far).
 Streamed text holds back a tail that could still become a stop string; `stream_interval` > 1
 reports streams every few steps (vLLM's knob: fewer, larger chunks, less host work per token).
@@ -191,7 +192,8 @@ class OutputProcessor:
         return delta
 
 
-def prompt_ids(prompt: str | list[int], tokenizer: Tokenizer | None, field: str = "prompt") -> tuple[list[int], str | None]:
+def prompt_ids(prompt: str | list[int], tokenizer: Tokenizer | None,
+               field: str = "prompt") -> tuple[list[int], str | None]:
     """(token ids, text or None) of a prompt given as text or as token ids; errors name `field`."""
     if isinstance(prompt, str):
         if tokenizer is None:

@@ -19,6 +19,7 @@ Times are the executor's clock (wall time for the real model), from the request'
 
 from __future__ import annotations
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from jpaged.engine import EngineObserver, LLMEngine
@@ -37,6 +38,7 @@ class PrometheusObserver(EngineObserver):
     """Keeps the metrics of one engine in its own registry (several servers may share a process)."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+        prometheus_client.disable_created_metrics()  # no *_created samples (vLLM turns them off too)
         self.registry = registry or CollectorRegistry()
         labels = {"labelnames": ["model_name"], "registry": self.registry}
 
