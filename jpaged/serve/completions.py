@@ -46,19 +46,22 @@ class _Handler:
         """Checks and queues every prompt of `body` (engine ids `<request_id>-<i>`); their streams."""
         if body.n > self.max_num_seqs:
             raise RequestError(f"n: {body.n} exceeds this server's max_num_seqs ({self.max_num_seqs})", "n")
-        queued: list[AsyncIterator[RequestOutput]] = []
-        try:
-            for i, (ids, field) in enumerate(self.prompts(body)):
-                params = body.sampling_params(self._max_tokens(body, ids, field), self._logprobs(body))
-                try:
-                    queued.append(await self.engine.add_request(f"{request_id}-{i}", ids, params))
-                except (ValueError, TypeError) as exc:
-                    raise RequestError(str(exc), None) from None
-        except BaseException:
-            for stream in queued:
-                await stream.aclose()  # aborts it
-            raise
-        return queued
+        prompts = self.prompts(body)  # every check that can fail before anything is queued
+        params = [body.sampling_params(self._max_tokens(body, ids, field), self._logprobs(body))
+                  for ids, field in prompts]
+        # All prompts go to the engine at once (each add waits for the engine thread's verdict).
+        results = await asyncio.gather(*(self.engine.add_request(f"{request_id}-{i}", ids, p)
+                                         for i, ((ids, _), p) in enumerate(zip(prompts, params))),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for stream in results:
+                if not isinstance(stream, BaseException):
+                    await stream.aclose()  # aborts it
+            if isinstance(errors[0], (ValueError, TypeError)):
+                raise RequestError(str(errors[0]), None) from None
+            raise errors[0]
+        return list(results)
 
     def _encode(self, prompt: str | list[int], field: str) -> list[int]:
         try:
