@@ -112,7 +112,7 @@ def measure_real(config: PreemptionConfig, block_size: int) -> dict:
     # one engine step that admits the sequence, prefills it and samples one token.
     recompute = _min_time(lambda: engine.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False),
                           config.repeats)
-    kv_bytes = n * block_size * executor.spec.kv_bytes_per_token(config.real_model.dtype)  # K and V, all layers
+    kv_bytes = n * block_size * executor.spec.kv_bytes_per_token(executor.dtype)  # K and V, all layers
     return {"block_size": block_size, "num_blocks": n, "swap_out_s": swap_out, "swap_in_s": swap_in,
             "recompute_s": recompute, "kv_bytes": kv_bytes}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
@@ -82,7 +81,7 @@ def _run_paged(config: ServeRealConfig, prompts, output_lens, kv_slots: int) -> 
 
 def run(config: ServeRealConfig) -> dict:
     """Serves the workload with both systems; returns output tok/s of each and their ratio."""
-    from jpaged.checkpoint import load_params
+    from jpaged.checkpoint import load_params, resolve_dtype
 
     spec, weights = load_params(config.model)
     prompts, output_lens = make_requests(config, spec.vocab_size)
@@ -90,7 +89,7 @@ def run(config: ServeRealConfig) -> dict:
     # the same number of KV slots as a pool of blocks.
     kv_slots = config.baseline_batch_size * bucket(config.max_model_len)
     paged_out, paged_s, paged_compiles = _run_paged(config, prompts, output_lens, kv_slots)
-    baseline = StaticBatchGenerator(spec, weights, jnp.dtype(config.model.dtype))
+    baseline = StaticBatchGenerator(spec, weights, resolve_dtype(config.model.dtype))
     baseline.generate(prompts, output_lens, config.baseline_batch_size)  # compile
     baseline_out, baseline_s = baseline.generate(prompts, output_lens, config.baseline_batch_size)
     total = int(sum(output_lens))

@@ -92,6 +92,14 @@ class BlockManager:
         except KeyError:
             raise KeyError(f"sequence {seq_id} holds no device blocks") from None
 
+    def rows_of(self, seq_ids: list[int]) -> np.ndarray:
+        """i64[n] block-table rows of resident sequences (KeyError names the first that is not)."""
+        row_of = self._row_of
+        try:
+            return np.array([row_of[s] for s in seq_ids], dtype=np.int64)
+        except KeyError as exc:
+            raise KeyError(f"sequence {exc.args[0]} holds no device blocks") from None
+
     def block_table(self, seq_id: int) -> np.ndarray:
         """A copy of the physical block ids of a resident sequence, in logical order."""
         row = self.row_of(seq_id)
@@ -233,6 +241,8 @@ class BlockManager:
         """
         if counts is None:
             return self._append_one(rows, may_share)
+        if len(rows) == 1:  # a prompt chunk at admission: plain integers beat a dozen array ops
+            return self._append_row(int(rows[0]), int(counts[0]))
         bs = self.block_size
         pos = self.num_tokens[rows]  # [n] first new position of each row
         end = pos + counts
@@ -250,11 +260,7 @@ class BlockManager:
             if self.refcount[src] > 1:  # re-checked: an earlier row may have copied it already
                 copy_pairs.append((src, self._copy_on_write(row, int(have[i]) - 1, src)))
         for i in new_blocks.nonzero()[0].tolist():
-            row, first = int(rows[i]), int(have[i])
-            blocks = [self._take_block() for _ in range(int(new_blocks[i]))]
-            self.block_tables[row, first: first + len(blocks)] = blocks
-            self.refcount[blocks] = 1
-            self.num_table_blocks[row] = first + len(blocks)
+            self._open_blocks(int(rows[i]), int(have[i]), int(new_blocks[i]))
         self.num_tokens[rows] = end
         # Position of every new token: row i owns [pos[i], end[i]).
         token_rows = np.repeat(rows, counts)
@@ -262,6 +268,38 @@ class BlockManager:
         positions = np.arange(int(counts.sum())) - np.repeat(starts - pos, counts)
         slots = self.block_tables[token_rows, positions // bs] * bs + positions % bs
         return slots.astype(np.int32, copy=False), copy_pairs
+
+    def _append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """`append_slots` for one row (the same rules)."""
+        bs = self.block_size
+        pos, have = int(self.num_tokens[row]), int(self.num_table_blocks[row])
+        end = pos + count
+        if end > self.max_blocks_per_seq * bs:
+            raise ValueError("append_slots: a row would outgrow its block table (max_model_len)")
+        new_blocks = -(-end // bs) - have
+        src = int(self.block_tables[row, have - 1]) if have else 0
+        cow = pos % bs != 0 and self.refcount[src] > 1  # the first new token lands in a shared block
+        if new_blocks + cow > self.num_free_blocks:
+            return None
+        copy_pairs = [(src, self._copy_on_write(row, have - 1, src))] if cow else []
+        if new_blocks:
+            self._open_blocks(row, have, new_blocks)
+        self.num_tokens[row] = end
+        positions = np.arange(pos, end)
+        slots = self.block_tables[row, positions // bs] * bs + positions % bs
+        return slots.astype(np.int32, copy=False), copy_pairs
+
+    def _open_blocks(self, row: int, first: int, count: int) -> None:
+        """Appends `count` fresh blocks to `row`'s table from logical index `first` (room was checked)."""
+        free = self._free
+        if len(free) >= count:  # the usual case: one slice off the stack, lowest ids first
+            blocks = free[-count:][::-1]
+            del free[-count:]
+        else:
+            blocks = [self._take_block() for _ in range(count)]
+        self.block_tables[row, first: first + count] = blocks
+        self.refcount[blocks] = 1
+        self.num_table_blocks[row] = first + count
 
     def _append_one(self, rows: np.ndarray, may_share: bool) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         bs = self.block_size

@@ -1,29 +1,45 @@
 """Frozen configuration dataclasses, one per concern, and strict YAML loading.
 
-Every field has a one-line comment; `__post_init__` validates ranges and raises `ValueError`
-naming the field. `load_config(path, cls)` builds a (nested) dataclass from YAML: unknown keys and
-wrong types are errors that name the key and the file.
+Every field has a one-line comment; `__post_init__` checks every field's type and range
+(`jpaged.validation`): TypeError or ValueError naming the field, the value and the range.
+`load_config(path, cls)` (jpaged.yaml_config) builds a (nested) dataclass from YAML: unknown keys,
+duplicate keys, wrong types and NaN are errors that name the key and the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
-from pathlib import Path
-from typing import Any, Literal, TypeVar
-
-import yaml
+from typing import Any, Callable, Literal
 
 from jpaged.models.presets import get_preset, preset_names
+from jpaged.validation import (INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float, check_int,
+                               check_str)
+from jpaged.yaml_config import config_from_dict, config_to_dict, load_config
 from pallas_kernels.backends import BACKEND_NAMES, BackendName
 
-T = TypeVar("T")
+__all__ = ["CacheConfig", "SchedulerConfig", "ModelConfig", "EngineConfig", "load_config", "config_from_dict",
+           "config_to_dict"]
+
+
+# Upper bounds of the sizes: far above any real deployment, low enough that a typo (1e20) is an
+# error naming the field rather than a numpy allocation failure.
+MAX_BLOCK_SIZE = 2**16  # tokens per block
+MAX_BLOCKS = 2**24  # device or host blocks (the free lists are Python lists)
+MAX_NUM_SEQS = 2**16  # block-table rows
+MAX_TOKENS = 2**24  # max_model_len, token budgets (positions are int32)
+MAX_TABLE_ENTRIES = 2**28  # block-table entries: rows x blocks per sequence
 
 
 def _check(condition: bool, field: str, message: str) -> None:
     if not condition:
         raise ValueError(f"{field}: {message}")
+
+
+def _normalise(config: Any, prefix: str, checks: dict[str, Callable[[str, Any], Any]]) -> None:
+    """Runs each field's check (`jpaged.validation`) and stores the normalised value on the frozen
+    dataclass: the wrong type is a TypeError, a value out of range a ValueError, naming the field."""
+    for name, check in checks.items():
+        object.__setattr__(config, name, check(f"{prefix}.{name}", getattr(config, name)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +53,18 @@ class CacheConfig:
     enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
 
     def __post_init__(self) -> None:
-        _check(self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0,
-               "cache.block_size", f"must be a power of two >= 1, got {self.block_size}")
-        _check(self.num_blocks >= 2, "cache.num_blocks",
-               f"must be >= 2 (block 0 is reserved), got {self.num_blocks}")
-        _check(self.num_host_blocks >= 0, "cache.num_host_blocks", f"must be >= 0, got {self.num_host_blocks}")
-        _check(0.0 <= self.watermark < 1.0, "cache.watermark", f"must be in [0, 1), got {self.watermark}")
+        _normalise(self, "cache", {
+            "block_size": lambda f, v: check_int(f, v, 1, MAX_BLOCK_SIZE),
+            "num_blocks": lambda f, v: check_int(f, v, 2, MAX_BLOCKS),
+            "num_host_blocks": lambda f, v: check_int(f, v, 0, MAX_BLOCKS),
+            "watermark": lambda f, v: check_float(f, v, 0.0, 1.0, hi_open=True),
+            "enable_prefix_caching": check_bool,
+        })
+        _check(self.block_size & (self.block_size - 1) == 0, "cache.block_size",
+               f"must be a power of two in [1, {MAX_BLOCK_SIZE}], got {self.block_size}")
+        _check(self.num_blocks * self.block_size < INT32_LIMIT, "cache.num_blocks",
+               f"num_blocks x block_size = {self.num_blocks * self.block_size} slots must be < 2**31 "
+               f"(slot ids are int32), got num_blocks={self.num_blocks}")
 
     @property
     def num_usable_blocks(self) -> int:
@@ -64,17 +86,17 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # chunked: most prompt tokens one sequence computes per step; 0 = no cap
 
     def __post_init__(self) -> None:
-        _check(self.max_num_seqs >= 1, "scheduler.max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
-        _check(self.max_model_len >= 1, "scheduler.max_model_len", f"must be >= 1, got {self.max_model_len}")
+        _normalise(self, "scheduler", {
+            "max_num_seqs": lambda f, v: check_int(f, v, 1, MAX_NUM_SEQS),
+            "max_num_batched_tokens": lambda f, v: check_int(f, v, 1, MAX_TOKENS),
+            "max_model_len": lambda f, v: check_int(f, v, 1, MAX_TOKENS),
+            "preemption_mode": lambda f, v: check_choice(f, v, ("swap", "recompute")),
+            "policy": lambda f, v: check_choice(f, v, ("paper", "chunked")),
+            "long_prefill_token_threshold": lambda f, v: check_int(f, v, 0, MAX_TOKENS),
+        })
         _check(self.max_num_batched_tokens >= self.max_num_seqs, "scheduler.max_num_batched_tokens",
                f"must be >= scheduler.max_num_seqs ({self.max_num_seqs}) so every running sequence's token "
                f"fits a step, got {self.max_num_batched_tokens}")
-        _check(self.preemption_mode in ("swap", "recompute"), "scheduler.preemption_mode",
-               f"must be 'swap' or 'recompute', got {self.preemption_mode!r}")
-        _check(self.policy in ("paper", "chunked"), "scheduler.policy",
-               f"must be 'paper' or 'chunked', got {self.policy!r}")
-        _check(self.long_prefill_token_threshold >= 0, "scheduler.long_prefill_token_threshold",
-               f"must be >= 0 (0 = no cap), got {self.long_prefill_token_threshold}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +104,10 @@ class ModelConfig:
     """Which model to serve and how to run it."""
 
     name: str = "tiny-opt"  # preset name (jpaged.models.presets), e.g. opt-13b, llama-7b, tiny-llama
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # parameter and KV cache dtype
+    # Parameter and KV cache dtype; auto: bfloat16 on GPU/TPU, float32 on CPU (jpaged.checkpoint.resolve_dtype).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention_backend: BackendName = "auto"  # pallas_kernels.backends; auto: Pallas on GPU, XLA on CPU
-    checkpoint: str | None = None  # local orbax checkpoint dir; None = dummy (random, seeded) weights
+    checkpoint: str | None = None  # local orbax checkpoint or Hugging Face dir; None = dummy (seeded) weights
     seed: int = 0  # seed of dummy weights
     tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
     coordinator_address: str | None = None  # multi-host: "host:port" of process 0 (jax.distributed)
@@ -92,19 +115,23 @@ class ModelConfig:
     process_id: int = 0  # multi-host: this process's rank in [0, num_processes)
 
     def __post_init__(self) -> None:
-        _check(self.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
-               f"must be float32, bfloat16 or float16, got {self.dtype!r}")
-        _check(self.attention_backend in BACKEND_NAMES, "model.attention_backend",
-               f"must be one of {list(BACKEND_NAMES)}, got {self.attention_backend!r}")
-        _check(self.tensor_parallel_size >= 1, "model.tensor_parallel_size",
-               f"must be >= 1, got {self.tensor_parallel_size}")
+        _normalise(self, "model", {
+            "name": check_str,
+            "dtype": lambda f, v: check_choice(f, v, ("auto", "float32", "bfloat16", "float16")),
+            "attention_backend": lambda f, v: check_choice(f, v, BACKEND_NAMES),
+            "checkpoint": lambda f, v: check_str(f, v, optional=True),
+            "seed": lambda f, v: check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+            "tensor_parallel_size": lambda f, v: check_int(f, v, 1),
+            "coordinator_address": lambda f, v: check_str(f, v, optional=True),
+            "num_processes": lambda f, v: check_int(f, v, 1),
+            "process_id": lambda f, v: check_int(f, v, 0),
+        })
         if self.name in preset_names():  # other names are checked once the checkpoint's spec is read
             try:
                 get_preset(self.name).check_tensor_parallel(self.tensor_parallel_size)
             except ValueError as exc:
                 raise ValueError(f"model.tensor_parallel_size: {exc}") from None
-        _check(self.num_processes >= 1, "model.num_processes", f"must be >= 1, got {self.num_processes}")
-        _check(0 <= self.process_id < self.num_processes, "model.process_id",
+        _check(self.process_id < self.num_processes, "model.process_id",
                f"must be in [0, {self.num_processes}), got {self.process_id}")
         _check(self.num_processes == 1 or self.coordinator_address is not None, "model.coordinator_address",
                f"is required when num_processes is {self.num_processes}")
@@ -120,93 +147,11 @@ class EngineConfig:
     executor: Literal["jax", "sim"] = "jax"  # jax: real model; sim: cost model on a virtual clock
 
     def __post_init__(self) -> None:
-        _check(self.executor in ("jax", "sim"), "executor", f"must be 'jax' or 'sim', got {self.executor!r}")
-        max_blocks = -(-self.scheduler.max_model_len // self.cache.block_size)
-        _check(max_blocks >= 1, "scheduler.max_model_len", "must cover at least one block")
-
-
-# ---------------------------------------------------------------------------------------------
-# YAML loading
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
-    """Checks `value` against the annotation `tp` and converts nested dataclasses."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise TypeError(f"{source}: {key} must be a mapping, got {type(value).__name__}")
-        return _build(tp, value, source, prefix=f"{key}.")
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise ValueError(f"{source}: {key} must be one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for arm in typing.get_args(tp):
-            if arm is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _coerce(value, arm, key, source)
-            except (TypeError, ValueError) as exc:
-                errors.append(str(exc))
-        raise TypeError(f"{source}: {key} has the wrong type: {'; '.join(errors) or type(value).__name__}")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"{source}: {key} must be a list, got {type(value).__name__}")
-        args = typing.get_args(tp)
-        item_type = args[0] if args else Any
-        items = [_coerce(v, item_type, f"{key}[{i}]", source) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"{source}: {key} must be a mapping, got {type(value).__name__}")
-        return dict(value)
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float) and isinstance(value, bool):
-        raise TypeError(f"{source}: {key} must be {_type_name(tp)}, got bool")
-    if isinstance(tp, type) and not isinstance(value, tp):
-        raise TypeError(f"{source}: {key} must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
-    return value
-
-
-def _build(cls: type[T], data: dict, source: str, prefix: str = "") -> T:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(prefix + k for k in unknown)}; "
-                         f"allowed: {', '.join(sorted(fields))}")
-    kwargs = {name: _coerce(value, hints[name], prefix + name, source) for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from exc
-
-
-def config_from_dict(cls: type[T], data: dict, source: str = "<dict>") -> T:
-    """Builds dataclass `cls` from a plain mapping with the same strict checks as `load_config`."""
-    return _build(cls, data or {}, source)
-
-
-def load_config(path: str | Path, cls: type[T]) -> T:
-    """Loads YAML at `path` into dataclass `cls`; unknown keys and wrong types raise, naming key and file."""
-    path = Path(path)
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict):
-        raise TypeError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return _build(cls, data, str(path))
-
-
-def config_to_dict(config: Any) -> dict:
-    """A plain, YAML/JSON-ready dict of a (nested) config dataclass."""
-    return dataclasses.asdict(config)
+        for name, cls in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name}: must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        check_choice("executor", self.executor, ("jax", "sim"))
+        entries = self.scheduler.max_num_seqs * -(-self.scheduler.max_model_len // self.cache.block_size)
+        _check(entries <= MAX_TABLE_ENTRIES, "scheduler.max_num_seqs",
+               f"max_num_seqs x ceil(max_model_len / block_size) = {entries} block-table entries, more than "
+               f"{MAX_TABLE_ENTRIES} (1 GiB of int32): lower max_num_seqs or max_model_len, or raise block_size")

@@ -96,7 +96,12 @@ class ByteLevelDetokenizer:
         piece = self._pieces[token_id] if 0 <= token_id < len(self._pieces) else b""
         data = self._pending + piece
         text, used = codecs.utf_8_decode(data, "replace", False)  # final=False keeps a possible prefix
-        self._pending = data[used:]
+        rest = data[used:]
+        # Python keeps b"\xed" + a byte in A0..BF (a UTF-16 surrogate, never valid) as if it could
+        # still complete; a real incomplete character decodes to exactly one U+FFFD.
+        if rest and rest.decode("utf-8", "replace") != "\ufffd":
+            text, rest = text + rest.decode("utf-8", "replace"), b""
+        self._pending = rest
         return text
 
     def flush(self) -> str:

@@ -9,19 +9,23 @@ built lazily.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Sequence as Seq
 
+import numpy as np
 from tqdm.auto import tqdm
 
+from jpaged import step_guard
 from jpaged.config import EngineConfig
 from jpaged.executors.base import Executor, ModelOutput
 from jpaged.outputs import RequestOutput
 from jpaged.postprocess import Postprocessor
+from jpaged.request_checks import CheckedRequest, check_request
 from jpaged.scheduler import Scheduler, SchedulerOutput
 from jpaged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from jpaged.step_plan import StepPlan
+from jpaged.validation import check_str, show
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +52,14 @@ class LLMEngine:
                  eos_token_ids: Seq[int] = ()):
         """`eos_token_ids`: the model's end-of-sequence ids; every request stops at them unless
         `ignore_eos` (the text front ends pass the tokenizer's; token-level users may leave none)."""
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config: must be an EngineConfig, got {type(config).__name__}")
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
+        if executor is not None and not all(callable(getattr(executor, m, None)) for m in ("execute", "now")):
+            raise TypeError(f"executor: must implement execute(plan) and now() (the Executor protocol), "
+                            f"got {type(executor).__name__}")
         self.executor = executor if executor is not None else _default_executor(config)
         self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
         self.postprocessor = Postprocessor(self.scheduler)
@@ -64,53 +73,38 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int], sampling_params: SamplingParams,
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int] | np.ndarray, sampling_params: SamplingParams,
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
-        """Queues a request; raises ValueError naming the problem if it can never be served.
+        """Queues a request; raises TypeError / ValueError naming the field, the value and the allowed
+        range if it can never be served (see `request_checks.check_request`).
 
-        Requests with different `cache_salt` never share prefix-cache blocks.
+        `prompt_token_ids`: a list of ints or a 1-D integer numpy array, every id in the vocabulary.
+        Requests with different `cache_salt` (a str) never share prefix-cache blocks.
         """
-        cfg = self.config.scheduler
-        prompt = list(prompt_token_ids)
-        if request_id in self._groups:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        if not prompt:
-            raise ValueError(f"request {request_id!r}: prompt_token_ids is empty")
-        if len(prompt) >= cfg.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate "
-                             f"within max_model_len={cfg.max_model_len}")
-        if cfg.policy == "paper" and len(prompt) > cfg.max_num_batched_tokens:
-            raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds "
-                             f"max_num_batched_tokens={cfg.max_num_batched_tokens} (policy 'paper' prefills "
-                             f"whole prompts; policy 'chunked' splits them)")
-        if self.vocab_size is not None and (min(prompt) < 0 or max(prompt) >= self.vocab_size):
-            raise ValueError(f"request {request_id!r}: token ids must be in [0, {self.vocab_size}), "
-                             f"got range [{min(prompt)}, {max(prompt)}]")
-        bm = self.scheduler.block_manager
-        if bm.blocks_for(len(prompt) + 1) > bm.num_usable_blocks:
-            raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
-                             f"{bm.blocks_for(len(prompt) + 1)} KV blocks; the pool has {bm.num_usable_blocks} "
-                             f"(cache.num_blocks - 1)")
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(sampling_params).__name__}")
-        if sampling_params.n > cfg.max_num_seqs:
-            raise ValueError(f"request {request_id!r}: sampling_params.n={sampling_params.n} exceeds "
-                             f"scheduler.max_num_seqs={cfg.max_num_seqs}: a request's sequences run in one batch")
-        max_tokens = min(sampling_params.max_tokens, cfg.max_model_len - len(prompt))
-        params = dataclasses.replace(sampling_params, max_tokens=max_tokens)
-        seq = Sequence(self.scheduler.new_seq_id(), prompt)
-        group = SequenceGroup(request_id, [seq], params,
-                              self.executor.now() if arrival_time is None else arrival_time,
-                              self._num_arrivals, cache_salt=cache_salt, eos_token_ids=self.eos_token_ids)
+        self._queue(self._check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
+
+    def _check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+                       **fields: str) -> CheckedRequest:
+        """`request_checks.check_request` against this engine's limits (changes nothing)."""
+        return check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+                             scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
+                             vocab_size=self.vocab_size, in_use=self._groups, **fields)
+
+    def _queue(self, request: CheckedRequest) -> None:
+        """Hands a checked request to the scheduler."""
+        seq = Sequence(self.scheduler.new_seq_id(), request.prompt)
+        arrival = self.executor.now() if request.arrival_time is None else request.arrival_time
+        group = SequenceGroup(request.request_id, [seq], request.params, arrival, self._num_arrivals,
+                              cache_salt=request.cache_salt, eos_token_ids=self.eos_token_ids)
         self._num_arrivals += 1
-        self._groups[request_id] = group
-        self.postprocessor.num_streaming += params.output_kind != "final"
-        self.postprocessor.num_logprobs += params.logprobs is not None
+        self._groups[request.request_id] = group
+        self.postprocessor.num_streaming += request.params.output_kind != "final"
+        self.postprocessor.num_logprobs += request.params.logprobs is not None
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> None:
         """Stops a request; its output (finish reason "abort") comes with the next step()."""
-        group = self._groups.get(request_id)
+        group = self._groups.get(check_str("request_id", request_id))
         if group is None or group.finish_time is not None:
             raise KeyError(f"cannot abort request {request_id!r}: no such unfinished request")
         self.scheduler.abort(group)
@@ -154,7 +148,7 @@ class LLMEngine:
         plan = out.plan
         if not (plan.is_empty and not plan.has_block_ops):
             started = self.executor.now()
-            result = self.executor.execute(plan)
+            result = self._execute(plan)
             now = self.executor.now()
             self.num_steps += 1
             self.num_seq_steps += plan.num_seqs
@@ -173,16 +167,54 @@ class LLMEngine:
             observer.on_step_end(self, out, outputs, self.executor.now())
         return outputs
 
+    def _execute(self, plan: StepPlan) -> ModelOutput:
+        """Runs the plan. When the executor fails, the requests whose own sample rows cannot be
+        prepared (`step_guard.failing_groups`) end alone with an error and the plan runs again
+        without their rows: executors raise before changing any state when a request's data is at
+        fault (see `Executor.execute`). A failure no request explains propagates."""
+        while True:
+            try:
+                result = self.executor.execute(plan)
+                break
+            except Exception:
+                failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
+                if not failures:
+                    raise
+                now = self.executor.now()
+                for group, error in failures.items():
+                    self.postprocessor.fail_group(group, now, error)
+                plan.sampling = step_guard.without_groups(plan.sampling, failures)
+        num_rows = 0 if plan.sampling is None else len(plan.sampling)
+        if len(result.token_ids) != num_rows:
+            raise RuntimeError(f"{type(self.executor).__name__}.execute returned {len(result.token_ids)} tokens "
+                               f"for {num_rows} sample rows")
+        return result
+
     # ------------------------------------------------------------------ conveniences
 
-    def generate(self, prompts: list[list[int]], sampling_params: SamplingParams | list[SamplingParams],
+    def generate(self, prompts: list[Seq[int]], sampling_params: SamplingParams | list[SamplingParams],
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Serves `prompts` to completion; outputs come back in prompt order."""
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-        base = self._num_arrivals
-        ids = [f"gen-{base + i}" for i in range(len(prompts))]
-        for request_id, prompt, p in zip(ids, prompts, params):
-            self.add_request(request_id, prompt, p)
+        """Serves `prompts` to completion; outputs come back in prompt order.
+
+        Every request is checked before any is queued: a bad one raises (naming `prompts[i]` or
+        `sampling_params[i]`) and leaves the engine as it was.
+        """
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts: must be a list of prompts (each a list of token ids), "
+                            f"got {type(prompts).__name__} {show(prompts)}")
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts "
+                                 f"(pass one SamplingParams, or one per prompt)")
+            params, fields = list(sampling_params), [f"sampling_params[{i}]" for i in range(len(prompts))]
+        else:
+            params, fields = [sampling_params] * len(prompts), ["sampling_params"] * len(prompts)
+        ids = self._fresh_request_ids(len(prompts))
+        requests = [self._check_request(request_id, prompt, p, None, None, prompt_field=f"prompts[{i}]",
+                                        params_field=field)
+                    for i, (request_id, prompt, p, field) in enumerate(zip(ids, prompts, params, fields))]
+        for request in requests:
+            self._queue(request)
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(prompts), desc="generate", disable=not use_tqdm)
         start = time.perf_counter()
@@ -198,6 +230,15 @@ class LLMEngine:
                             kv=f"{self.scheduler.block_manager.usage():.0%}", refresh=False)
         bar.close()
         return [results[i] for i in ids]
+
+    def _fresh_request_ids(self, count: int) -> list[str]:
+        """`count` request ids "gen-<k>" that no unfinished request uses."""
+        ids, k = [], self._num_arrivals
+        while len(ids) < count:
+            if f"gen-{k}" not in self._groups:
+                ids.append(f"gen-{k}")
+            k += 1
+        return ids
 
     def kv_stats(self) -> dict:
         """Block pool and preemption counters."""

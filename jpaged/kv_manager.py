@@ -63,6 +63,9 @@ class KVCacheManager(Protocol):
     def row_of(self, seq_id: int) -> int:
         """The block-table row of a resident sequence."""
 
+    def rows_of(self, seq_ids: list[int]) -> np.ndarray:
+        """i64[n] block-table rows of resident sequences."""
+
     def match_prefix(self, token_ids: list[int], cache_salt: Hashable = None,
                      keys: list[tuple[int, ...]] | None = None) -> list[int]:
         """Cached blocks of the longest whole-block prefix of `token_ids` (empty without a cache)."""

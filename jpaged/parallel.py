@@ -15,6 +15,10 @@ inserts. No hand-written communication.
 GQA with fewer KV heads than devices: each KV head is replicated `tp // num_kv_heads` times
 (`replicate_kv_heads`), so device d holds the one KV head its query heads read.
 
+Weights never exist whole on one device: dummy weights are drawn by one jitted function with
+`out_shardings` (`init_params`), checkpoints are read shard by shard into `checkpoint_shardings`
+(jpaged.checkpoint), and replicated KV heads are relabelled in place (`widen_kv_shards`).
+
 Multi-host: `initialize_distributed` joins the processes (one per host) before any other JAX work;
 `jax.devices()` then lists every host's devices and the same mesh and program span them. Every
 process runs the same engine on the same requests (the scheduler is deterministic), JAX's
@@ -29,17 +33,13 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jpaged.models import decoder
 from jpaged.models.presets import ModelSpec
 
 TP_AXIS = "tp"
-
-# Projections whose output features are split (heads, MLP hidden units): no communication after.
-_COLUMN_SPLIT = frozenset({"q", "k", "v", "fc1", "gate", "up"})
-# Projections whose input features are split: each device holds a partial sum, all-reduced.
-_ROW_SPLIT = frozenset({"o", "fc2", "down"})
 
 
 def initialize_distributed(coordinator_address: str, num_processes: int, process_id: int) -> None:
@@ -68,15 +68,22 @@ def make_mesh(tp: int, devices: list[jax.Device] | None = None) -> Mesh:
     return Mesh(np.asarray(devices[:tp]), (TP_AXIS,))
 
 
+def _serving_spec(spec: ModelSpec, tp: int) -> ModelSpec:
+    """`spec` with `num_kv_heads = tp` when there are fewer KV heads than devices, else `spec`."""
+    spec.check_tensor_parallel(tp)
+    return dataclasses.replace(spec, num_kv_heads=tp) if tp > spec.num_kv_heads else spec
+
+
 def replicate_kv_heads(spec: ModelSpec, params: decoder.Params, tp: int) -> tuple[ModelSpec, decoder.Params]:
     """Repeat each KV head `tp // num_kv_heads` times when there are fewer KV heads than devices.
 
     Returns the spec with `num_kv_heads = tp` and the k/v projections widened to match: KV head e
     of the result is head `e // r` of the original, which is exactly the head the query heads
     `e * Hq / tp ...` (device e's) read, so attention is unchanged. Otherwise returns the inputs.
+    Traceable: `init_params` runs it inside the sharded initialisation.
     """
-    spec.check_tensor_parallel(tp)
-    if tp <= spec.num_kv_heads:
+    wide = _serving_spec(spec, tp)
+    if wide is spec:
         return spec, params
     repeats, heads, head_dim = tp // spec.num_kv_heads, spec.num_kv_heads, spec.head_dim
 
@@ -87,33 +94,98 @@ def replicate_kv_heads(spec: ModelSpec, params: decoder.Params, tp: int) -> tupl
     layers = dict(params["layers"])
     for name in ("k", "v"):
         layers[name] = {key: widen(value) for key, value in layers[name].items()}
-    return dataclasses.replace(spec, num_kv_heads=tp), {**params, "layers": layers}
+    return wide, {**params, "layers": layers}
 
 
 def param_partition_specs(spec: ModelSpec, tp: int) -> decoder.Params:
-    """The `PartitionSpec` of every parameter (same tree as `decoder.param_shapes`), Megatron-style."""
-    vocab = TP_AXIS if spec.vocab_size % tp == 0 else None  # odd vocabularies stay replicated
+    """The `PartitionSpec` of every parameter (pure-dict tree), Megatron-style, from its logical axes.
 
-    def leaf(path, shape: tuple[int, ...]) -> P:
-        group, kind = path[0].key, path[-1].key
-        if group == "layers" and path[1].key in _COLUMN_SPLIT:
-            return P(None, None, TP_AXIS) if kind == "kernel" else P(None, TP_AXIS)  # [L, H, out] / [L, out]
-        if group == "layers" and path[1].key in _ROW_SPLIT and kind == "kernel":
-            return P(None, TP_AXIS, None)  # [L, in, H]; the bias is added once, after the all-reduce
-        if group == "embed":
-            return P(vocab, None)  # [V, H]
-        if group == "lm_head":
-            return P(None, vocab)  # [H, V]
-        return P()  # norms, OPT positions, row-split biases
+    The model names each axis (jpaged.models.layers); Flax's logical axis rules map the names onto
+    the mesh: heads and MLP units split over `tp`, the vocabulary too when it divides (odd
+    vocabularies stay replicated), the residual width ("embed") and the layer axis never. So q/k/v
+    and fc1/gate/up split by output column, o/fc2/down by input row (their biases replicated).
+    """
+    vocab = TP_AXIS if spec.vocab_size % tp == 0 else None
+    rules = (("vocab", vocab), ("q_heads", TP_AXIS), ("kv_heads", TP_AXIS), ("mlp", TP_AXIS),
+             ("embed", None), ("layers", None))
+    with nnx.logical_axis_rules(rules):
+        specs = nnx.to_pure_dict(nnx.get_partition_spec(decoder.abstract_model(spec)[1]))
+    # A leaf with no split axis is written P(), the spelling of "replicated".
+    return jax.tree.map(lambda s: s if any(name is not None for name in s) else P(), specs)
 
-    return jax.tree_util.tree_map_with_path(leaf, decoder.param_shapes(spec),
-                                            is_leaf=lambda x: isinstance(x, tuple))
+
+def param_shardings(spec: ModelSpec, mesh: Mesh) -> decoder.Params:
+    """`NamedSharding`s of every parameter on `mesh` (`param_partition_specs`)."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_partition_specs(spec, mesh.shape[TP_AXIS]))
 
 
 def shard_params(spec: ModelSpec, params: decoder.Params, mesh: Mesh) -> decoder.Params:
-    """Place `params` on `mesh` with `param_partition_specs` (each device receives only its shard)."""
-    specs = param_partition_specs(spec, mesh.shape[TP_AXIS])
-    return jax.tree_util.tree_map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+    """Place in-memory `params` on `mesh` with `param_shardings` (each device receives only its shard)."""
+    return jax.device_put(params, param_shardings(spec, mesh))
+
+
+def init_params(spec: ModelSpec, seed: int, dtype: Any, mesh: Mesh) -> tuple[ModelSpec, decoder.Params]:
+    """Dummy weights born sharded: (serving spec, params) with KV heads replicated as needed.
+
+    One jitted function (`sharded_initializer`) draws `decoder.init_params(spec, seed)` and
+    widens k/v; its `out_shardings` make every device compute only its own shard, so no preset is
+    ever whole on one device, and the values equal the single-device ones.
+    """
+    wide, initializer = sharded_initializer(spec, seed, dtype, mesh)
+    return wide, initializer()
+
+
+def sharded_initializer(spec: ModelSpec, seed: int, dtype: Any, mesh: Mesh) -> tuple[ModelSpec, Callable]:
+    """(serving spec, the jitted zero-argument function `init_params` calls); lower it to inspect memory."""
+    tp = mesh.shape[TP_AXIS]
+    wide = _serving_spec(spec, tp)
+
+    def init() -> decoder.Params:
+        return replicate_kv_heads(spec, decoder.init_params(spec, seed, dtype), tp)[1]
+
+    return wide, jax.jit(init, out_shardings=param_shardings(wide, mesh))
+
+
+def checkpoint_shardings(spec: ModelSpec, mesh: Mesh) -> decoder.Params:
+    """Where to read each tensor of a checkpoint of `spec` (its own KV heads) to serve it on `mesh`.
+
+    `param_shardings`, except for k/v when there are fewer KV heads than devices: those are split
+    by KV head over the mesh viewed as [Hkv, tp / Hkv], so the r = tp / Hkv devices that serve head
+    e's replicas each read head e. `widen_kv_shards` then relabels the shards in place.
+    """
+    tp = mesh.shape[TP_AXIS]
+    shardings = param_shardings(_serving_spec(spec, tp), mesh)
+    if tp <= spec.num_kv_heads:
+        return shardings
+    groups = Mesh(mesh.devices.reshape(spec.num_kv_heads, tp // spec.num_kv_heads), (TP_AXIS, "kv_replica"))
+    layers = dict(shardings["layers"])
+    for name in ("k", "v"):
+        layers[name] = {key: NamedSharding(groups, s.spec) for key, s in layers[name].items()}
+    return {**shardings, "layers": layers}
+
+
+def widen_kv_shards(spec: ModelSpec, params: decoder.Params, mesh: Mesh) -> tuple[ModelSpec, decoder.Params]:
+    """(serving spec, params) from tensors placed by `checkpoint_shardings`: no copy, no communication.
+
+    Device d of the [Hkv, r] view holds original KV head d // r, which is head d of the widened
+    projections (`replicate_kv_heads`), i.e. exactly its shard under `param_shardings`.
+    """
+    tp = mesh.shape[TP_AXIS]
+    wide = _serving_spec(spec, tp)
+    if wide is spec:
+        return spec, params
+    targets = param_shardings(wide, mesh)["layers"]
+
+    def relabel(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+        shape = (*x.shape[:-1], tp * spec.head_dim)
+        by_device = {shard.device: shard.data for shard in x.addressable_shards}
+        return jax.make_array_from_single_device_arrays(
+            shape, sharding, [by_device[d] for d in sharding.addressable_devices_indices_map(shape)])
+
+    layers = dict(params["layers"])
+    for name in ("k", "v"):
+        layers[name] = {key: relabel(x, targets[name][key]) for key, x in layers[name].items()}
+    return wide, {**params, "layers": layers}
 
 
 def pool_sharding(mesh: Mesh) -> NamedSharding:

@@ -11,11 +11,16 @@ Pure Python + numpy: no jax import.
 
 from __future__ import annotations
 
+import logging
+
 from jpaged import beam_search
 from jpaged.executors.base import ModelOutput
 from jpaged.outputs import CompletionOutput, RequestOutput
 from jpaged.scheduler import Scheduler, SchedulerOutput
 from jpaged.sequence import Sequence, SequenceGroup, SequenceStatus
+from jpaged.step_guard import describe
+
+logger = logging.getLogger(__name__)
 
 
 class Postprocessor:
@@ -68,10 +73,21 @@ class Postprocessor:
                 beams.setdefault(id(group), []).append(r)
                 continue
             if index != seq.index:  # a fresh prompt's extra sample: a fork sharing its blocks
-                seqs[r] = self._fork(group, seq, index)
+                if group.finish_time is not None:  # an earlier fork of it failed
+                    continue
+                try:
+                    seqs[r] = self._fork(group, seq, index)
+                except Exception as exc:
+                    self.fail_group(group, now, f"forking sample {index} failed: {describe(exc)}")
+                    continue
             plain.append(r)
         for indices in beams.values():
-            self._beam_step([seqs[r] for r in indices], result.top_ids[indices], result.top_logprobs[indices], now)
+            beams_of_group = [seqs[r] for r in indices]
+            try:
+                self._beam_step(beams_of_group, result.top_ids[indices], result.top_logprobs[indices], now)
+            except Exception as exc:
+                self.fail_group(beams_of_group[0].group, now, f"beam search step failed: {describe(exc)}")
+        plain = [r for r in plain if seqs[r].group.finish_time is None]
         if self.num_logprobs and logprobs is not None:
             self._record_logprobs([seqs[r] for r in plain], plain, [tokens[r] for r in plain], logprobs, result)
         self._append_all([seqs[r] for r in plain], [tokens[r] for r in plain],
@@ -112,10 +128,15 @@ class Postprocessor:
             group = seq.group
             if len(ids) < group.max_total_len and token not in group.stop_set:
                 continue
+            if group.finish_time is not None:  # it failed earlier in this step
+                continue
             stopped = token in group.stop_set
-            self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED if stopped else SequenceStatus.FINISHED_LENGTH)
-            if group.is_finished:
-                self.finish_group(group, now)
+            try:  # reached once per sequence, not per token: the loop above stays bare
+                self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED if stopped else SequenceStatus.FINISHED_LENGTH)
+                if group.is_finished:
+                    self.finish_group(group, now)
+            except Exception as exc:
+                self.fail_group(group, now, f"finishing failed: {describe(exc)}")
 
     def _beam_step(self, beams: list[Sequence], top_ids, top_logprobs, now: float) -> None:
         """One beam-search step of a group: candidates ranked, beams forked or dropped, hypotheses kept."""
@@ -176,6 +197,29 @@ class Postprocessor:
         if group.sampling_params.logprobs is not None:
             self.num_logprobs -= 1
         self.outputs.append(self.output_of(group, finished=True))
+
+    def fail_group(self, group: SequenceGroup, now: float, error: str) -> None:
+        """Ends a request that failed inside a step on its own data: its blocks are freed, its output
+        carries `error`, and the step goes on for the other requests."""
+        logger.warning("ending request %s: %s", group.request_id, error)
+        self.scheduler.abort(group)
+        for seq in group.seqs:
+            if not seq.status.is_finished:
+                seq.status = SequenceStatus.FINISHED_ABORTED
+        if group.finish_time is None:
+            self.num_streaming -= group.sampling_params.output_kind != "final"
+            self.num_logprobs -= group.sampling_params.logprobs is not None
+        group.finish_time = now
+        group.error = error
+        try:
+            output = self.output_of(group, finished=True)
+        except Exception:  # the output is what failed (a beam score, say): the sequences as they are
+            output = RequestOutput(group.request_id, group.seqs[0].token_ids[: group.prompt_len] if group.seqs else [],
+                                   [CompletionOutput(s.index, s.output_token_ids, s.cumulative_logprob, s.status.label)
+                                    for s in group.seqs], True, group.arrival_time, group.first_scheduled_time,
+                                   group.first_token_time, now, error)
+        # One final output per request: replace one its failure interrupted.
+        self.outputs = [o for o in self.outputs if o.request_id != group.request_id] + [output]
 
     def output_of(self, group: SequenceGroup, finished: bool) -> RequestOutput:
         """The group's RequestOutput now (its samples by index, or its beams best first)."""

@@ -197,7 +197,7 @@ class Scheduler:
             seqs, rows = self._running_batch()
             chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
             if chunks:
-                chunk_rows = np.array([bm.row_of(s.seq_id) for s, _ in chunks], dtype=np.int64)
+                chunk_rows = bm.rows_of([s.seq_id for s, _ in chunks])
                 chunk_counts = np.array([c for _, c in chunks], dtype=np.int64)
                 all_rows = np.concatenate([rows, chunk_rows])
                 counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
@@ -328,7 +328,7 @@ class Scheduler:
             if any(s.num_uncomputed_tokens != 1 for s in seqs):  # swapped mid-prompt: chunks resume next step
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
                 continue
-            rows = np.array([bm.row_of(s) for s in ids], dtype=np.int64)
+            rows = bm.rows_of(ids)
             slots, copies = bm.append_slots(rows)  # room was checked by can_swap_in
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
@@ -488,6 +488,5 @@ class Scheduler:
             running = SequenceStatus.RUNNING
             partial = {id(g) for g in self._partial}
             seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
-            row_of = self.block_manager.row_of
-            self._batch = seqs, np.fromiter((row_of(s.seq_id) for s in seqs), dtype=np.int64, count=len(seqs))
+            self._batch = seqs, self.block_manager.rows_of([s.seq_id for s in seqs])
         return self._batch

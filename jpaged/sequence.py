@@ -14,8 +14,43 @@ import enum
 import zlib
 from typing import Literal
 
+from jpaged.validation import (FLOAT32_MAX, INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float,
+                               check_int, check_token_ids, show)
+
 OutputKind = Literal["final", "delta", "cumulative"]
 MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for (OpenAI's chat limit)
+# |length_penalty| bound: output_len ** length_penalty stays finite for any max_model_len the
+# config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
+MAX_LENGTH_PENALTY = 10.0
+
+# SamplingParams field -> its check (type and range; returns the value as a plain Python type).
+# The bounds are the device's: top_k is int32, seeds uint32, temperature float32.
+_FIELD_CHECKS = {
+    "n": lambda f, v: check_int(f, v, 1),
+    "use_beam_search": check_bool,
+    "temperature": lambda f, v: check_float(f, v, 0.0, FLOAT32_MAX),
+    "top_k": lambda f, v: check_int(f, v, 0, INT32_LIMIT, hi_open=True),
+    "top_p": lambda f, v: check_float(f, v, 0.0, 1.0, lo_open=True),
+    "max_tokens": lambda f, v: check_int(f, v, 1),
+    "stop_token_ids": lambda f, v: tuple(check_token_ids(f, v, allow_empty=True)),
+    "ignore_eos": check_bool,
+    "seed": lambda f, v: None if v is None else check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+    "length_penalty": lambda f, v: check_float(f, v, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+    "output_kind": lambda f, v: check_choice(f, v, ("final", "delta", "cumulative")),
+    "logprobs": lambda f, v: None if v is None else check_int(f, v, 0, MAX_LOGPROBS),
+    "stop": lambda f, v: _stop_strings(f, v),
+    "include_stop_str_in_output": check_bool,
+    "skip_special_tokens": check_bool,
+}
+
+
+def _stop_strings(field: str, value) -> tuple[str, ...]:
+    """Stop strings as a tuple of non-empty strs (one str is one stop string, as in the OpenAI API)."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
+        raise TypeError(f"{field}: must be a non-empty str or a list of them, got {show(value)}")
+    return tuple(value)
 
 
 class SequenceStatus(enum.Enum):
@@ -36,7 +71,8 @@ class SequenceStatus(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How to pick output tokens. Validation errors name the field and its allowed range."""
+    """How to pick output tokens. Every field is checked at construction (`_FIELD_CHECKS`): a wrong
+    type raises TypeError, a value out of range ValueError, naming the field, the value and the range."""
 
     n: int = 1  # independent samples of the request (parallel sampling); beam width under beam search
     use_beam_search: bool = False  # keep the n most likely sequences (needs temperature 0)
@@ -58,38 +94,19 @@ class SamplingParams:
     skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = disabled), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        # A bad value must fail here, at the door, never inside a step that batches other requests.
+        for name, check in _FIELD_CHECKS.items():
+            object.__setattr__(self, name, check(f"SamplingParams.{name}", getattr(self, name)))
         if self.use_beam_search and self.temperature != 0:
-            raise ValueError(f"use_beam_search needs temperature 0 (beam search is deterministic), "
+            raise ValueError(f"SamplingParams.use_beam_search needs temperature 0 (beam search is deterministic), "
                              f"got temperature={self.temperature}")
         if self.use_beam_search and (self.top_k != 0 or self.top_p != 1.0):
-            raise ValueError("use_beam_search does not combine with top_k / top_p sampling")
-        if self.output_kind not in ("final", "delta", "cumulative"):
-            raise ValueError(f"output_kind must be 'final', 'delta' or 'cumulative', got {self.output_kind!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
-            raise ValueError(f"seed must be None or an int in [0, 2**32), got {self.seed!r}")
-        if self.logprobs is not None:
-            if not (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                    and 0 <= self.logprobs <= MAX_LOGPROBS):
-                raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-            if self.use_beam_search:
-                raise ValueError("logprobs is not supported with use_beam_search")
-        if isinstance(self.stop, str):  # one stop string, as the OpenAI API allows
-            object.__setattr__(self, "stop", (self.stop,))
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", tuple(self.stop))
+            raise ValueError("SamplingParams.use_beam_search does not combine with top_k / top_p sampling, "
+                             f"got top_k={self.top_k}, top_p={self.top_p}")
+        if self.logprobs is not None and self.use_beam_search:
+            raise ValueError("SamplingParams.logprobs is not supported with use_beam_search")
         if self.stop and self.use_beam_search:
-            raise ValueError("stop strings are not supported with use_beam_search")
+            raise ValueError("SamplingParams.stop strings are not supported with use_beam_search")
 
 
 class Sequence:
@@ -147,7 +164,7 @@ class Sequence:
 
 def request_stream(request_id: str) -> int:
     """A stable 31-bit base of the random streams of request `request_id` (one stream per sample index)."""
-    return (zlib.crc32(request_id.encode()) * 1_000_003) & 0x7FFFFFFF
+    return (zlib.crc32(request_id.encode("utf-8", "surrogatepass")) * 1_000_003) & 0x7FFFFFFF
 
 
 @dataclasses.dataclass(eq=False)  # identity semantics: queues find and remove this very request

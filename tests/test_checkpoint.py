@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from jpaged.checkpoint import import_hf, load_params, restore_params, save_params
+from jpaged.checkpoint import import_hf, load_params, resolve_dtype, restore_params, save_params
 from jpaged.config import ModelConfig
 from jpaged.models import decoder
-from jpaged.models.hf_names import hf_tensor_names
-from jpaged.models.presets import get_preset
+from jpaged.models.presets import RopeScaling, get_preset
+from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -39,36 +40,11 @@ def test_load_params_dummy_is_seeded_and_checks_checkpoint_name(tmp_path):
         load_params(ModelConfig(name="tiny-llama", checkpoint=str(tmp_path / "ckpt")))
 
 
-def _write_hf(directory, spec, params, config):
-    """Writes params in Hugging Face naming and layout ([out, in] Linear weights, per-layer tensors)."""
-    directory.mkdir()
-    tensors = {}
-    for path, (names, transposed) in hf_tensor_names(spec).items():
-        leaf = np.asarray(params[path[0]][path[1]] if len(path) == 2 else params[path[0]][path[1]][path[2]])
-        per_layer = list(leaf) if path[0] == "layers" else [leaf]
-        for name, arr in zip(names, per_layer):
-            tensors["model." + name] = np.ascontiguousarray(arr.T if transposed else arr)
-    save_file(tensors, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(config))
-    return tensors
-
-
-HF_CONFIGS = {
-    "tiny-opt": {"model_type": "opt", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
-                 "num_attention_heads": 4, "ffn_dim": 256, "max_position_embeddings": 512,
-                 "word_embed_proj_dim": 64, "do_layer_norm_before": True},
-    "tiny-llama": {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                   "intermediate_size": 128, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
-                   "rope_theta": 10000.0, "tie_word_embeddings": False},
-}
-
-
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
 def test_import_hf_directory(tmp_path, name):
     spec = get_preset(name)
     params = decoder.init_params(spec, seed=5)
-    _write_hf(tmp_path / "hf", spec, params, HF_CONFIGS[name])
+    write_hf_dir(tmp_path / "hf", spec, params, HF_CONFIGS[name])
     imported_spec, imported = import_hf(tmp_path / "hf", name=name)
     assert imported_spec == spec
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(imported)):
@@ -79,7 +55,7 @@ def test_import_hf_directory(tmp_path, name):
 
 def test_import_hf_names_misshaped_and_missing_tensors(tmp_path):
     spec = get_preset("tiny-llama")
-    tensors = _write_hf(tmp_path / "hf", spec, decoder.init_params(spec), HF_CONFIGS["tiny-llama"])
+    tensors = write_hf_dir(tmp_path / "hf", spec, decoder.init_params(spec), HF_CONFIGS["tiny-llama"])
     bad = "model.layers.1.self_attn.k_proj.weight"
     save_file({**tensors, bad: np.zeros((16, 64), np.float32)}, str(tmp_path / "hf" / "model.safetensors"))
     with pytest.raises(ValueError, match=r"layers\.1\.self_attn\.k_proj\.weight has shape \[16, 64\], expected \[32, 64\]"):
@@ -93,6 +69,40 @@ def test_import_hf_names_misshaped_and_missing_tensors(tmp_path):
 def test_import_hf_rejects_unsupported_variant(tmp_path):
     spec = get_preset("tiny-opt")
     config = {**HF_CONFIGS["tiny-opt"], "do_layer_norm_before": False}  # opt-350m's post-norm layout
-    _write_hf(tmp_path / "hf", spec, decoder.init_params(spec), config)
+    write_hf_dir(tmp_path / "hf", spec, decoder.init_params(spec), config)
     with pytest.raises(ValueError, match="do_layer_norm_before"):
         import_hf(tmp_path / "hf")
+
+
+def test_spec_with_rope_scaling_round_trips_and_dtype_converts_on_restore(tmp_path):
+    spec = dataclasses.replace(get_preset("tiny-llama"), rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+    params = decoder.init_params(spec, seed=1)
+    save_params(tmp_path / "ckpt", spec, params)
+    spec2, restored, meta = restore_params(tmp_path / "ckpt", dtype=jnp.bfloat16)
+    assert spec2 == spec and meta["dtype"] == "float32"
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(restored)):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16)), np.asarray(b))
+
+
+def test_import_hf_reads_llama3_rope_eps_and_theta(tmp_path):
+    spec = get_preset("tiny-llama")
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    config = {**HF_CONFIGS["tiny-llama"], "rms_norm_eps": 1e-5, "rope_parameters": rope}
+    del config["rope_theta"]
+    write_hf_dir(tmp_path / "hf", spec, decoder.init_params(spec), config)
+    imported, _ = import_hf(tmp_path / "hf")
+    assert imported.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+    assert (imported.norm_eps, imported.rope_theta) == (1e-5, 500000.0)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_type": "yarn"}}))
+    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
+        import_hf(tmp_path / "hf")
+
+
+def test_dtype_auto_is_bfloat16_on_accelerators(monkeypatch):
+    assert ModelConfig().dtype == "auto"
+    assert resolve_dtype("auto") == jnp.float32  # this CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert resolve_dtype("auto") == jnp.bfloat16
+    assert resolve_dtype("float16") == jnp.float16

@@ -97,6 +97,14 @@ class ContiguousBlockManager:
         except KeyError:
             raise KeyError(f"sequence {seq_id} holds no region") from None
 
+    def rows_of(self, seq_ids: list[int]) -> np.ndarray:
+        """i64[n] block-table rows of resident sequences (KeyError names the first that is not)."""
+        row_of = self._row_of
+        try:
+            return np.array([row_of[s] for s in seq_ids], dtype=np.int64)
+        except KeyError as exc:
+            raise KeyError(f"sequence {exc.args[0]} holds no region") from None
+
     def block_table(self, seq_id: int) -> np.ndarray:
         """A copy of the block ids holding the sequence's tokens, in logical order."""
         row = self.row_of(seq_id)

@@ -60,9 +60,9 @@ class StaticBatchGenerator:
             out = _masked_attention(q, k_cache[i], v_cache[i], key_valid, scale)
             return out, (k_cache, v_cache)
 
-        h = decoder.embed(spec, params, tokens, positions)
-        h, cache = decoder.run_layers(spec, params, h, positions, cache, attend)
-        return decoder.lm_logits(spec, params, h[:, -1]), cache
+        model = decoder.merge(spec, params)
+        h, cache = model.run_layers(model.embed_tokens(tokens, positions), positions, cache, attend)
+        return model.logits(h[:, -1]), cache
 
     def generate_batch(self, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
         """Greedy outputs of one batch; every row runs until the batch's longest request ends."""

@@ -25,7 +25,13 @@ class Executor(Protocol):
     """Runs one step: block operations (swap out, swap in, copy-on-write), the model, sampling."""
 
     def execute(self, plan: StepPlan) -> ModelOutput:
-        """Applies `plan`'s block ops in order swap_out, swap_in, copy, runs its batch and samples."""
+        """Applies `plan`'s block ops in order swap_out, swap_in, copy, runs its batch and samples.
+
+        Host-side preparation that reads a request's own data (its sampling settings: `plan.sampling`)
+        comes before any state changes, so that such a failure leaves the executor as it was: the
+        engine then ends that request with an error and calls `execute` again with the same plan,
+        minus its sample rows. A failure after state changed is not retried; it propagates.
+        """
         ...
 
     def now(self) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 
 import jax
@@ -25,7 +26,7 @@ import numpy as np
 from jpaged import parallel
 from jpaged.config import EngineConfig
 from jpaged.executors.base import ModelOutput
-from jpaged.checkpoint import load_params
+from jpaged.checkpoint import load_params, resolve_dtype
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.presets import get_preset
@@ -44,28 +45,56 @@ def _padded(ids: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def _host_bytes() -> int:
+    """Physical memory of this host."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _device_bytes() -> int:
+    """Memory of the first JAX device (its bytes_limit), or the host's where devices report none (CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit") or _host_bytes()
+
+
+def _check_fits(field: str, num_blocks: int, block_bytes: int, limit: int, where: str) -> None:
+    """A pool that cannot fit is a ValueError naming its config field, not an allocation failure."""
+    if num_blocks * block_bytes > limit:
+        raise ValueError(f"{field}: {num_blocks} blocks of {block_bytes:,} bytes need "
+                         f"{num_blocks * block_bytes / 2**30:,.1f} GiB, more than the {limit / 2**30:,.1f} GiB of "
+                         f"{where}")
+
+
 class JaxExecutor:
     """Runs StepPlans on the real model with a paged KV pool on the default JAX device(s)."""
 
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
-        """`params` overrides config.model (dummy seeded weights or a local checkpoint)."""
+        """`params` overrides config.model (dummy seeded weights or a local checkpoint).
+
+        Weights are loaded straight into their shards (jpaged.checkpoint.load_params): with
+        tensor parallelism no device ever holds a whole model. `params` given in memory are
+        placed on the mesh here.
+        """
         model, cache = config.model, config.cache
         if model.num_processes > 1:  # before any other JAX work
             parallel.initialize_distributed(model.coordinator_address, model.num_processes, model.process_id)
-        if params is None:
-            spec, params = load_params(model)
-        else:
-            spec = get_preset(model.name)
         tp = model.tensor_parallel_size
-        # With fewer KV heads than devices each is replicated: the pool then has `tp` KV heads.
-        self.spec, params = parallel.replicate_kv_heads(spec, params, tp)
         self.mesh = parallel.make_mesh(tp) if tp > 1 else None
-        self.dtype = jnp.dtype(model.dtype)
+        self.dtype = resolve_dtype(model.dtype)
+        if params is None:
+            # With fewer KV heads than devices each is replicated: the pool then has `tp` KV heads.
+            self.spec, params = load_params(model, self.mesh)
+        else:
+            self.spec, params = parallel.replicate_kv_heads(get_preset(model.name), params, tp)
+            if self.mesh is not None:
+                params = parallel.shard_params(self.spec, params, self.mesh)
+        # Bytes of one block (K and V, every layer) on one device: its share of the KV heads.
+        block_bytes = (2 * self.spec.num_layers * (self.spec.num_kv_heads // tp) * cache.block_size
+                       * self.spec.head_dim * self.dtype.itemsize)
+        _check_fits("cache.num_blocks", cache.num_blocks, block_bytes, _device_bytes(), "device memory")
         make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.dtype)
         if self.mesh is None:
             self.kv_pool = make_pool()
         else:
-            params = parallel.shard_params(self.spec, params, self.mesh)
             pools = parallel.pool_sharding(self.mesh)
             self.kv_pool = jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,
@@ -76,6 +105,8 @@ class JaxExecutor:
         self._first_head = min(h.start for h in heads)
         num_local = max(h.stop for h in heads) - self._first_head
         shape = (self.spec.num_layers, num_local, cache.num_host_blocks, cache.block_size, self.spec.head_dim)
+        _check_fits("cache.num_host_blocks", cache.num_host_blocks, 2 * int(np.prod(shape[:2] + shape[3:]))
+                    * self.dtype.itemsize, _host_bytes(), "host memory")
         self.host_k = np.zeros(shape, dtype=self.dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
         self.host_v = np.zeros(shape, dtype=self.dtype)
         self.vocab_size = self.spec.vocab_size
@@ -93,6 +124,9 @@ class JaxExecutor:
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Applies swap-out, swap-in and copy-on-write, runs the step and samples on device."""
         start = time.perf_counter()
+        # Host-side inputs first: if a request's sampling settings cannot become device arrays, this
+        # raises before any state changed, and the engine can fail that request and run the plan again.
+        batch = plan.sampling.batch if plan.sampling is not None else None
         k_pool, v_pool = self.kv_pool
         if len(plan.swap_out_pairs):
             self._swap_out(k_pool, v_pool, plan.swap_out_pairs)
@@ -106,8 +140,9 @@ class JaxExecutor:
         if plan.num_seqs:
             step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
             logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # logits stay on device
-            if plan.sampling is not None:
-                sampled = sample(logits, plan.sampling.batch)
+            self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
+            if batch is not None:
+                sampled = sample(logits, batch)
                 output = ModelOutput(sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs, 0.0)
             else:  # only prompt chunks that do not reach their ends: nothing to sample
                 logits.block_until_ready()

@@ -39,6 +39,9 @@ class SimExecutor:
 
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Advances the clock by the plan's swap, copy and model time; samples synthetic tokens."""
+        rows = plan.sampling
+        # Synthetic samples before the clock moves: a failure leaves the executor as it was.
+        top_ids, top_logprobs = synthetic_candidates(rows) if rows is not None and rows.num_top else (None, None)
         cost = self.cost_model
         duration = (cost.swap_time(len(plan.swap_out_pairs)) + cost.swap_time(len(plan.swap_in_pairs))
                     + cost.copy_time(len(plan.copy_pairs)))
@@ -47,10 +50,8 @@ class SimExecutor:
         self._clock += duration
         self.busy_s += duration
         self.num_steps += 1
-        rows = plan.sampling
         if rows is None:
             return ModelOutput([], None, None, None, duration)
-        top_ids, top_logprobs = synthetic_candidates(rows) if rows.num_top else (None, None)
         return ModelOutput([SIMULATED_TOKEN] * len(rows), None, top_ids, top_logprobs, duration)
 
     def now(self) -> float:

@@ -1,4 +1,4 @@
-"""Functional decoders (OPT, LLaMA families), presets, paged model runner and the tiny copy task.
+"""Flax NNX decoders (OPT, LLaMA families), presets, paged model runner and the tiny copy task.
 
 Import submodules directly (`jpaged.models.presets` needs no jax; the others do).
 """

@@ -1,113 +1,97 @@
-"""The decoder as pure functions over a parameter pytree, with layers stacked for `lax.scan`.
+"""The OPT / LLaMA causal LM as a Flax NNX module, and the pure functions of its state around it.
 
-Parameters are nested dicts of arrays; every leaf under "layers" has a leading [num_layers] axis,
-so one scanned layer body is traced once and compile time stays flat for 40- or 96-layer presets.
-Attention is injected (`attend`), so the dense reference and the paged step share every other line.
+`CausalLM` holds `embed`, `pos_embed` (OPT), `layers` (one `Block` whose every parameter has a
+leading [num_layers] axis: built and applied by `nnx.scan`, so one layer body is traced
+and compile time stays flat for 40- or 96-layer presets), `final_norm` and `lm_head` (untied heads
+only). Attention is injected (`layers.Attend`) and the cache is carried through the scan and
+returned, never stored in the module.
+
+Outside the module, parameters are its Flax state as a pure dict (`nnx.to_pure_dict`), e.g.
+`params["layers"]["q"]["kernel"]` f32[L, H, Hq * D]: the tree orbax checkpoints and the Hugging Face
+import write, and what jitted steps take. A jitted step is a pure function of that state: it
+rebuilds the module with `nnx.merge(graphdef, params)` while tracing (as Flax's gemma sampler does).
+Pure dicts rather than `nnx.State` cross the jit boundary because jit flattens them in C++, about
+five times faster per call than State's Variable nodes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jpaged.models import layers
+from jpaged.models.layers import Attend
 from jpaged.models.presets import OPT_POSITION_OFFSET, ModelSpec
 
-Params = dict[str, Any]
-# attend(cache, layer_index, q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) -> (out [..., Hq, D], cache)
-Attend = Callable[[Any, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+Params = dict[str, Any]  # the pure-dict Flax state of a CausalLM
 
 
-def param_shapes(spec: ModelSpec) -> Params:
-    """The shape of every parameter, as a pytree of tuples with the layout `init_params` produces."""
-    h, f, n = spec.hidden_size, spec.intermediate_size, spec.num_layers
-    bias = spec.family == "opt"  # OPT has biases on every projection; LLaMA on none
+class CausalLM(nnx.Module):
+    """Decoder-only transformer with a language-model head (OPT or LLaMA family)."""
 
-    def lin(i: int, o: int) -> dict:
-        return {"kernel": (n, i, o), "bias": (n, o)} if bias else {"kernel": (n, i, o)}
+    def __init__(self, spec: ModelSpec, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        h = spec.hidden_size
+        self.spec = spec
+        embed_kwargs = dict(param_dtype=dtype, embedding_init=layers.WEIGHT_INIT, rngs=rngs)
+        self.embed = nnx.Embed(spec.vocab_size, h, embedding_metadata=layers.axes("vocab", "embed"), **embed_kwargs)
+        if spec.family == "opt":
+            self.pos_embed = nnx.Embed(spec.max_position_embeddings + OPT_POSITION_OFFSET, h,
+                                       embedding_metadata=layers.axes(None, "embed"), **embed_kwargs)
 
-    def nrm(stack: tuple[int, ...]) -> dict:
-        return {"scale": (*stack, h), "bias": (*stack, h)} if bias else {"scale": (*stack, h)}
+        # Created one layer per scan iteration (not vmapped), so a sharded initialisation needs
+        # the random bits of one layer at a time.
+        @nnx.split_rngs(splits=spec.num_layers)
+        @nnx.scan(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def stacked_blocks(rngs: nnx.Rngs) -> layers.Block:
+            return layers.Block(spec, dtype=dtype, rngs=rngs)
 
-    block = {"attn_norm": nrm((n,)), "q": lin(h, spec.q_size), "k": lin(h, spec.kv_size),
-             "v": lin(h, spec.kv_size), "o": lin(spec.q_size, h), "mlp_norm": nrm((n,))}
-    if spec.family == "opt":
-        block |= {"fc1": lin(h, f), "fc2": lin(f, h)}
-    else:
-        block |= {"gate": lin(h, f), "up": lin(h, f), "down": lin(f, h)}
-    shapes: Params = {"embed": {"embedding": (spec.vocab_size, h)}, "layers": block, "final_norm": nrm(())}
-    if spec.family == "opt":
-        shapes["pos_embed"] = {"embedding": (spec.max_position_embeddings + OPT_POSITION_OFFSET, h)}
-    if not spec.tie_word_embeddings:
-        shapes["lm_head"] = {"kernel": (h, spec.vocab_size)}
-    return shapes
+        self.layers = stacked_blocks(rngs)
+        self.final_norm = layers.norm(spec, dtype, rngs)
+        if not spec.tie_word_embeddings:
+            self.lm_head = layers.linear(h, spec.vocab_size, "embed", "vocab", bias=False, dtype=dtype, rngs=rngs)
 
+    def embed_tokens(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+        """Token (+ learned position, OPT) embeddings: tokens, positions [...] -> [..., H]."""
+        h = self.embed(tokens)
+        if self.spec.family == "opt":
+            h = h + self.pos_embed(positions + OPT_POSITION_OFFSET)
+        return h
 
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+    def run_layers(self, h: jax.Array, positions: jax.Array, cache: Any, attend: Attend) -> tuple[jax.Array, Any]:
+        """All decoder blocks, scanned: h [..., H] -> ([..., H], cache).
 
+        `cache` is the scan carry (the paged step carries the whole stacked KV pool and writes
+        layer i in place); `attend` gets the layer index to find its part.
+        """
 
-def init_params(spec: ModelSpec, seed: int = 0, dtype: Any = jnp.float32) -> Params:
-    """Random, seeded parameters (vLLM's "dummy" load format, and the start of training).
+        @nnx.scan(in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
+        def scan_blocks(carry, block: layers.Block, layer: jax.Array):
+            h, cache = carry
+            return block(h, positions, cache, layer, attend)
 
-    Weights ~ N(0, 0.02), biases 0, norm scales 1 — the GPT-2/OPT initialisation.
-    """
-    shapes = param_shapes(spec)
-    paths, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
-    keys = jax.random.split(jax.random.key(seed), len(paths))
-    leaves = []
-    for (path, shape), key in zip(paths, keys):
-        name = path[-1].key
-        if name == "scale":
-            leaves.append(jnp.ones(shape, dtype))
-        elif name == "bias":
-            leaves.append(jnp.zeros(shape, dtype))
-        else:
-            leaves.append((0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+        return scan_blocks((h, cache), self.layers, jnp.arange(self.spec.num_layers, dtype=jnp.int32))
 
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Final norm and LM head: h [..., H] -> float32 logits [..., V]."""
+        h = self.final_norm(h)
+        logits = self.embed.attend(h) if self.spec.tie_word_embeddings else self.lm_head(h)
+        return logits.astype(jnp.float32)
 
-def embed(spec: ModelSpec, params: Params, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-    """Token (+ learned position, OPT) embeddings: tokens, positions [...] -> [..., H]."""
-    h = params["embed"]["embedding"][tokens]
-    if spec.family == "opt":
-        h = h + params["pos_embed"]["embedding"][positions + OPT_POSITION_OFFSET]
-    return h
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Full-sequence forward without a cache: tokens i32[B, L] -> float32 logits [B, L, V]."""
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        scale = layers.softmax_scale(self.spec)
 
+        def attend(cache, layer, q, k, v):
+            return causal_attention(q, k, v, scale), cache
 
-def run_layers(spec: ModelSpec, params: Params, h: jax.Array, positions: jax.Array,
-               cache: Any, attend: Attend) -> tuple[jax.Array, Any]:
-    """All pre-norm decoder blocks via `lax.scan`: h [..., H] -> ([..., H], cache).
-
-    `cache` is carried through the scan (the paged step carries the whole stacked KV pool and
-    updates layer `i` in place); `attend` gets the layer index to find its slice.
-    """
-
-    def block(carry, xs):
-        h, cache = carry
-        p, i = xs
-        q, k, v = layers.qkv(spec, p, layers.norm(spec, p["attn_norm"], h), positions)
-        a, cache = attend(cache, i, q, k, v)
-        h = h + layers.attn_out(spec, p, a)
-        h = h + layers.mlp(spec, p, layers.norm(spec, p["mlp_norm"], h))
-        return (h, cache), None
-
-    xs = (params["layers"], jnp.arange(spec.num_layers, dtype=jnp.int32))
-    (h, cache), _ = jax.lax.scan(block, (h, cache), xs)
-    return h, cache
-
-
-def lm_logits(spec: ModelSpec, params: Params, h: jax.Array) -> jax.Array:
-    """Final norm and LM head: h [..., H] -> float32 logits [..., V]."""
-    h = layers.norm(spec, params["final_norm"], h)
-    if spec.tie_word_embeddings:
-        logits = h @ params["embed"]["embedding"].T
-    else:
-        logits = h @ params["lm_head"]["kernel"]
-    return logits.astype(jnp.float32)
+        h, _ = self.run_layers(self.embed_tokens(tokens, positions), positions, None, attend)
+        return self.logits(h)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> jax.Array:
@@ -123,22 +107,58 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> 
     return out.reshape(b, length, hq, d)
 
 
+@functools.lru_cache(maxsize=64)
+def abstract_model(spec: ModelSpec, dtype: Any = jnp.float32) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, abstract state) of `CausalLM(spec, dtype)`, built without allocating a parameter.
+
+    The state's leaves are `nnx.Param`s of `jax.ShapeDtypeStruct`s carrying their logical axis
+    names (metadata "out_sharding"); the graphdef turns any pure-dict state back into the module.
+    """
+    model = nnx.eval_shape(lambda: CausalLM(spec, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0)))
+    return nnx.split(model)
+
+
+def param_shapes(spec: ModelSpec, dtype: Any = jnp.float32) -> Params:
+    """Every parameter as a `jax.ShapeDtypeStruct`, in the pure-dict layout of `init_params`."""
+    return nnx.to_pure_dict(abstract_model(spec, dtype)[1])
+
+
+def param_axes(spec: ModelSpec) -> Params:
+    """Every parameter's logical axis names, e.g. ("layers", "embed", "q_heads"), as a pure dict."""
+    return nnx.to_pure_dict(abstract_model(spec)[1], extract_fn=lambda v: v.get_metadata()["out_sharding"])
+
+
+def params_dtype(params: Params) -> jnp.dtype:
+    """The dtype of a parameter tree (one dtype throughout, as `init_params` and the loaders make)."""
+    return jnp.dtype(jax.tree_util.tree_leaves(params)[0].dtype)
+
+
+def merge(spec: ModelSpec, params: Params) -> CausalLM:
+    """The module over `params` (`nnx.merge`); inside a trace this is how jitted code calls it."""
+    return nnx.merge(abstract_model(spec, params_dtype(params))[0], params)
+
+
+def init_params(spec: ModelSpec, seed: int = 0, dtype: Any = jnp.float32, *, shardings: Any = None) -> Params:
+    """Random, seeded parameters (vLLM's "dummy" load format, and the start of training).
+
+    Built by one jitted function, so with `shardings` (a tree of `NamedSharding`s, see
+    `jpaged.parallel.param_shardings`) every device computes only its own shard: no array is
+    ever whole on one device. Values do not depend on the sharding (JAX's partitionable threefry).
+    """
+    def init() -> Params:
+        return nnx.to_pure_dict(nnx.state(CausalLM(spec, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))))
+
+    return jax.jit(init, out_shardings=shardings)()
+
+
 def dense_forward(spec: ModelSpec, params: Params, tokens: jax.Array) -> jax.Array:
     """Full-sequence forward without any cache: tokens i32[B, L] -> float32 logits [B, L, V].
 
     The reference for the paged step, the training forward, and the engine's dense-cache check.
     """
-    tokens = jnp.asarray(tokens)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    scale = layers.softmax_scale(spec)
-
-    def attend(cache, i, q, k, v):
-        return causal_attention(q, k, v, scale), cache
-
-    h, _ = run_layers(spec, params, embed(spec, params, tokens, positions), positions, None, attend)
-    return lm_logits(spec, params, h)
+    return merge(spec, params)(jnp.asarray(tokens))
 
 
 def param_count(params: Params) -> int:
-    """Number of scalars in a parameter pytree (compare with `ModelSpec.num_params`)."""
+    """Number of scalars in a parameter tree (compare with `ModelSpec.num_params`)."""
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))

@@ -8,9 +8,12 @@ stores [out, in]; our kernels are [in, out]). Names are given without the leadin
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from jpaged.models.presets import ModelSpec
+from jpaged.models.presets import ModelSpec, RopeScaling
+
+_MISSING = object()
 
 # (param path inside a layer, HF name inside "layers.{i}.", transposed)
 _OPT_LAYER = [
@@ -51,19 +54,82 @@ def hf_tensor_names(spec: ModelSpec) -> dict[tuple[str, ...], tuple[list[str], b
     return names
 
 
+def _int(config: dict, key: str, source: str, default: Any = _MISSING) -> int:
+    """config[key] as a positive integer (JSON 64.0 or true are refused: they would load a wrong model)."""
+    value = config.get(key, default)
+    if value is _MISSING:
+        raise ValueError(f"{source}: {key} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{source}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _positive(config: dict, key: str, source: str, default: Any = _MISSING) -> float:
+    """config[key] as a finite number > 0."""
+    value = config.get(key, default)
+    if value is _MISSING:
+        raise ValueError(f"{source}: {key} is missing")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{source}: {key} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _flag(config: dict, key: str, source: str, default: bool) -> bool:
+    """config[key] as a boolean (default when absent)."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{source}: {key} must be true or false, got {value!r}")
+    return value
+
+
 def _require(config: dict, key: str, allowed: Any, source: str) -> None:
     value = config.get(key, allowed[0])
     if value not in allowed:
         raise ValueError(f"{source}: {key}={value!r} is not supported (allowed: {allowed})")
 
 
-def spec_from_hf_config(config: dict, name: str, source: str = "config.json") -> ModelSpec:
-    """A ModelSpec from a Hugging Face OPT or LLaMA config.json mapping; unsupported variants raise."""
+def _rope_parameters(config: dict, source: str) -> dict:
+    """RoPE settings: transformers >= 5 keeps them in `rope_parameters`, older configs in
+    `rope_scaling` (with "type" in the oldest) and a top-level `rope_theta`."""
+    theta = config.get("rope_theta")
+    rope = {"rope_theta": 10000.0 if theta is None else theta, **_mapping(config, "rope_scaling", source),
+            **_mapping(config, "rope_parameters", source)}
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def _mapping(config: dict, key: str, source: str) -> dict:
+    value = config.get(key)
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: {key} must be an object, got {value!r}")
+    return value
+
+
+def _rope_scaling(rope: dict, source: str) -> RopeScaling | None:
+    """The spec's RopeScaling for "default" (None), "linear" and "llama3"; other kinds raise."""
+    kind = rope["rope_type"]
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", _positive(rope, "factor", source))
+    if kind == "llama3":
+        return RopeScaling("llama3", _positive(rope, "factor", source), _positive(rope, "low_freq_factor", source),
+                           _positive(rope, "high_freq_factor", source),
+                           _int(rope, "original_max_position_embeddings", source))
+    raise ValueError(f"{source}: rope_type={kind!r} is not supported (allowed: default, linear, llama3)")
+
+
+def spec_from_hf_config(config: Any, name: str, source: str = "config.json") -> ModelSpec:
+    """A ModelSpec from a Hugging Face OPT or LLaMA config.json mapping; unsupported variants and
+    fields of the wrong type or range raise ValueError naming the key and `source`."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: must hold a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
-    common = dict(name=name, vocab_size=config["vocab_size"], hidden_size=hidden,
-                  num_layers=config["num_hidden_layers"], num_heads=heads,
-                  max_position_embeddings=config["max_position_embeddings"])
+    heads, hidden = _int(config, "num_attention_heads", source), _int(config, "hidden_size", source)
+    common = dict(name=name, vocab_size=_int(config, "vocab_size", source), hidden_size=hidden,
+                  num_layers=_int(config, "num_hidden_layers", source), num_heads=heads,
+                  max_position_embeddings=_int(config, "max_position_embeddings", source))
     if model_type == "opt":
         # opt-350m's post-norm layout and embedding projections are not implemented.
         _require(config, "do_layer_norm_before", [True], source)
@@ -71,20 +137,22 @@ def spec_from_hf_config(config: dict, name: str, source: str = "config.json") ->
         _require(config, "activation_function", ["relu"], source)
         _require(config, "enable_bias", [True], source)
         _require(config, "layer_norm_elementwise_affine", [True], source)
+        if hidden % heads:
+            raise ValueError(f"{source}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads})")
         return ModelSpec(family="opt", num_kv_heads=heads, head_dim=hidden // heads,
-                         intermediate_size=config["ffn_dim"], norm_eps=1e-5,
-                         tie_word_embeddings=config.get("tie_word_embeddings", True), **common)
+                         intermediate_size=_int(config, "ffn_dim", source), norm_eps=1e-5,
+                         tie_word_embeddings=_flag(config, "tie_word_embeddings", source, True), **common)
     if model_type == "llama":
         _require(config, "hidden_act", ["silu"], source)
         _require(config, "attention_bias", [False], source)
         _require(config, "mlp_bias", [False], source)
-        # transformers >= 5 keeps RoPE settings in rope_parameters; older configs at top level.
-        rope = config.get("rope_parameters") or {}
-        if rope.get("rope_type", "default") != "default" or config.get("rope_scaling"):
-            raise ValueError(f"{source}: only unscaled ('default') RoPE is supported")
-        return ModelSpec(family="llama", num_kv_heads=config.get("num_key_value_heads") or heads,
-                         head_dim=config.get("head_dim") or hidden // heads,
-                         intermediate_size=config["intermediate_size"], norm_eps=config["rms_norm_eps"],
-                         rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-                         tie_word_embeddings=config.get("tie_word_embeddings", False), **common)
+        rope = _rope_parameters(config, source)
+        kv_heads = heads if config.get("num_key_value_heads") is None else _int(config, "num_key_value_heads", source)
+        head_dim = hidden // heads if config.get("head_dim") is None else _int(config, "head_dim", source)
+        return ModelSpec(family="llama", num_kv_heads=kv_heads, head_dim=head_dim,
+                         intermediate_size=_int(config, "intermediate_size", source),
+                         norm_eps=_positive(config, "rms_norm_eps", source),
+                         rope_theta=_positive(rope, "rope_theta", source, 10000.0),
+                         rope_scaling=_rope_scaling(rope, source),
+                         tie_word_embeddings=_flag(config, "tie_word_embeddings", source, False), **common)
     raise ValueError(f"{source}: model_type must be 'opt' or 'llama', got {model_type!r}")

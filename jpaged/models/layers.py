@@ -1,53 +1,84 @@
-"""Stateless building blocks of the OPT and LLaMA decoders, over plain parameter dicts.
+"""One decoder block of the OPT and LLaMA families as a Flax NNX module, and its RoPE.
 
-Every function works on arbitrary leading dimensions ([..., H]), so the same code serves the dense
-reference ([B, L, H]) and the paged step ([T, H]). Norm statistics and softmax run in float32 and
-are cast back, so bfloat16/float16 models keep their accuracy.
+The block works on arbitrary leading dimensions ([..., H]), so the same code serves the dense
+reference ([B, L, H]) and the paged step ([T, H]). Attention itself is injected (`attend`): the
+block computes q/k/v and hands them over with the layer's cache, so the dense reference, the paged
+step and the static-batching baseline share every other line. Every parameter carries logical axis
+names (`out_sharding` metadata, e.g. ("embed", "q_heads")); `jpaged.parallel` maps them onto the
+device mesh. Norm statistics and RoPE angles are float32 whatever the parameter dtype.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 from jpaged.models.presets import ModelSpec
 
+# attend(cache, layer_index, q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) -> (out [..., Hq, D], cache)
+Attend = Callable[[Any, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
-def linear(p: dict, x: jax.Array) -> jax.Array:
-    """x @ kernel (+ bias): p["kernel"] [in, out], optional p["bias"] [out]; x [..., in] -> [..., out]."""
-    y = x @ p["kernel"]
-    return y + p["bias"] if "bias" in p else y
-
-
-def layer_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:
-    """LayerNorm with scale and bias (OPT); x [..., H]."""
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-    y = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    return (y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+# GPT-2 / OPT initialisation of the dummy weights: N(0, 0.02) matrices, zero biases, unit scales.
+WEIGHT_INIT = nnx.initializers.normal(0.02)
 
 
-def rms_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm with a scale (LLaMA); x [..., H]. Like Hugging Face, normalise in float32, cast, then scale."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
-    return y.astype(x.dtype) * p["scale"]
+def axes(*names: str | None) -> dict[str, Any]:
+    """Variable metadata naming each axis of a parameter; the mesh placement comes later (parallel.py)."""
+    return {"out_sharding": names, "eager_sharding": False}
 
 
-def norm(spec: ModelSpec, p: dict, x: jax.Array) -> jax.Array:
-    """The family's normalisation: LayerNorm for OPT, RMSNorm for LLaMA."""
-    return layer_norm(p, x, spec.norm_eps) if spec.family == "opt" else rms_norm(p, x, spec.norm_eps)
+def linear(d_in: int, d_out: int, in_axis: str, out_axis: str, *, bias: bool, dtype: Any,
+           rngs: nnx.Rngs) -> nnx.Linear:
+    """x [..., d_in] @ kernel [d_in, d_out] (+ bias [d_out]), axes named for tensor parallelism."""
+    return nnx.Linear(d_in, d_out, use_bias=bias, param_dtype=dtype, kernel_init=WEIGHT_INIT, rngs=rngs,
+                      kernel_metadata=axes(in_axis, out_axis), bias_metadata=axes(out_axis))
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def norm(spec: ModelSpec, dtype: Any, rngs: nnx.Rngs) -> nnx.Module:
+    """The family's normalisation over H: LayerNorm with a bias (OPT) or RMSNorm (LLaMA)."""
+    kwargs = dict(epsilon=spec.norm_eps, use_fast_variance=False, param_dtype=dtype, rngs=rngs,
+                  scale_metadata=axes("embed"))
+    if spec.family == "opt":
+        return nnx.LayerNorm(spec.hidden_size, bias_metadata=axes("embed"), **kwargs)
+    return nnx.RMSNorm(spec.hidden_size, **kwargs)
+
+
+def softmax_scale(spec: ModelSpec) -> float:
+    """1 / sqrt(head_dim), the attention scale of both families."""
+    return spec.head_dim ** -0.5
+
+
+def rope_frequencies(spec: ModelSpec) -> np.ndarray:
+    """RoPE inverse frequencies f32[head_dim / 2], with the spec's long-context scaling applied."""
+    d = spec.head_dim
+    inv_freq = 1.0 / spec.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return inv_freq.astype(np.float32)
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).astype(np.float32)
+    # llama3: wavelengths longer than the pre-training context / low_freq_factor are stretched by
+    # `factor`; shorter than context / high_freq_factor are kept; a linear blend in between.
+    context = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    blend = (context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+    out = np.where(wavelength > context / scaling.low_freq_factor, inv_freq / scaling.factor, blended)
+    out = np.where(wavelength < context / scaling.high_freq_factor, inv_freq, out)
+    return out.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotary embedding in the rotate-half layout of Hugging Face LLaMA weights.
 
-    x [..., heads, D], positions [...] -> [..., heads, D]. Angles are computed in float32 because
-    positions reach thousands and bfloat16 angles would be off by whole radians.
+    x [..., heads, D], positions [...] -> [..., heads, D]. Angles are float32: positions reach
+    thousands and bfloat16 angles would be off by whole radians.
     """
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
     angles = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [..., 1, D/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [..., heads, D/2] each
@@ -55,34 +86,47 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def qkv(spec: ModelSpec, p: dict, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Query, key and value heads of one layer (RoPE applied for LLaMA).
+class Block(nnx.Module):
+    """Pre-norm decoder block: h + attn(norm(h)), then h + mlp(norm(h)).
 
-    x [..., H] (already normalised), positions [...] ->
-    q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D].
+    OPT: LayerNorm, biased projections, learned positions (added before the first block), ReLU MLP
+    fc1/fc2. LLaMA: RMSNorm, no biases, RoPE on q and k, SwiGLU MLP gate/up/down.
     """
-    lead = x.shape[:-1]
-    q = linear(p["q"], x).reshape(*lead, spec.num_heads, spec.head_dim)
-    k = linear(p["k"], x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
-    v = linear(p["v"], x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
-    if spec.family == "llama":
-        q = apply_rope(q, positions, spec.rope_theta)
-        k = apply_rope(k, positions, spec.rope_theta)
-    return q, k, v
 
+    def __init__(self, spec: ModelSpec, *, dtype: Any, rngs: nnx.Rngs):
+        h, f, bias = spec.hidden_size, spec.intermediate_size, spec.family == "opt"
+        self.spec = spec
+        self.attn_norm = norm(spec, dtype, rngs)
+        self.q = linear(h, spec.q_size, "embed", "q_heads", bias=bias, dtype=dtype, rngs=rngs)
+        self.k = linear(h, spec.kv_size, "embed", "kv_heads", bias=bias, dtype=dtype, rngs=rngs)
+        self.v = linear(h, spec.kv_size, "embed", "kv_heads", bias=bias, dtype=dtype, rngs=rngs)
+        # Row-split under tensor parallelism: the bias is added once, after the all-reduce.
+        self.o = linear(spec.q_size, h, "q_heads", "embed", bias=bias, dtype=dtype, rngs=rngs)
+        self.mlp_norm = norm(spec, dtype, rngs)
+        if spec.family == "opt":
+            self.fc1 = linear(h, f, "embed", "mlp", bias=True, dtype=dtype, rngs=rngs)
+            self.fc2 = linear(f, h, "mlp", "embed", bias=True, dtype=dtype, rngs=rngs)
+        else:
+            self.gate = linear(h, f, "embed", "mlp", bias=False, dtype=dtype, rngs=rngs)
+            self.up = linear(h, f, "embed", "mlp", bias=False, dtype=dtype, rngs=rngs)
+            self.down = linear(f, h, "mlp", "embed", bias=False, dtype=dtype, rngs=rngs)
 
-def attn_out(spec: ModelSpec, p: dict, attn: jax.Array) -> jax.Array:
-    """Output projection: attn [..., Hq, D] -> [..., H]."""
-    return linear(p["o"], attn.reshape(*attn.shape[:-2], spec.q_size))
+    def __call__(self, h: jax.Array, positions: jax.Array, cache: Any, layer: jax.Array,
+                 attend: Attend) -> tuple[jax.Array, Any]:
+        """h [..., H], positions [...] -> (h [..., H], cache); `attend` reads/writes layer `layer`'s cache."""
+        spec, lead = self.spec, h.shape[:-1]
+        x = self.attn_norm(h)
+        q = self.q(x).reshape(*lead, spec.num_heads, spec.head_dim)
+        k = self.k(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
+        v = self.v(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
+        if spec.family == "llama":
+            inv_freq = rope_frequencies(spec)  # a constant of the trace
+            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        a, cache = attend(cache, layer, q, k, v)  # [..., Hq, D]
+        h = h + self.o(a.reshape(*lead, spec.q_size))
+        return h + self._mlp(self.mlp_norm(h)), cache
 
-
-def mlp(spec: ModelSpec, p: dict, x: jax.Array) -> jax.Array:
-    """The family's MLP on normalised x [..., H]: ReLU fc1/fc2 (OPT) or SwiGLU gate/up/down (LLaMA)."""
-    if spec.family == "opt":
-        return linear(p["fc2"], jax.nn.relu(linear(p["fc1"], x)))
-    return linear(p["down"], jax.nn.silu(linear(p["gate"], x)) * linear(p["up"], x))
-
-
-def softmax_scale(spec: ModelSpec) -> float:
-    """1 / sqrt(head_dim), the attention scale of both families."""
-    return spec.head_dim ** -0.5
+    def _mlp(self, x: jax.Array) -> jax.Array:
+        if self.spec.family == "opt":
+            return self.fc2(jax.nn.relu(self.fc1(x)))
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))

@@ -2,7 +2,7 @@
 
 A `ModelSpec` is pure data (no jax): the simulator and memory planning read parameter and
 KV-cache sizes from it without building a model. Sizes of the real presets follow the published
-Hugging Face configs of facebook/opt-* and the LLaMA-1 paper.
+Hugging Face configs of facebook/opt-*, the LLaMA-1 paper and meta-llama/Llama-3.x.
 """
 
 from __future__ import annotations
@@ -29,6 +29,31 @@ def dtype_itemsize(dtype: Any) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Stretching RoPE to longer contexts (Hugging Face `rope_scaling` / `rope_parameters`).
+
+    "linear" divides every frequency by `factor`. "llama3" (Llama 3.1+) divides only the low
+    frequencies, whose wavelength exceeds `original_max_position_embeddings / low_freq_factor`,
+    keeps the high ones (wavelength below `.. / high_freq_factor`) and blends in between.
+    """
+
+    rope_type: Literal["linear", "llama3"]
+    factor: float  # how much longer the context is than the one the model was pre-trained on
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only: the pre-training context
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ("linear", "llama3"):
+            raise ValueError(f"rope_scaling.rope_type must be 'linear' or 'llama3', got {self.rope_type!r}")
+        if self.factor < 1.0:
+            raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
+        if self.rope_type == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"rope_scaling: need 0 < low_freq_factor ({self.low_freq_factor}) < "
+                             f"high_freq_factor ({self.high_freq_factor})")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Architecture of one decoder-only transformer; everything needed to build and size it."""
 
@@ -45,14 +70,30 @@ class ModelSpec:
     norm_eps: float = 1e-5  # LayerNorm (OPT) / RMSNorm (LLaMA) epsilon
     rope_theta: float = 10000.0  # RoPE base (LLaMA only)
     tie_word_embeddings: bool = True  # LM head shares the token embedding matrix
+    rope_scaling: RopeScaling | None = None  # LLaMA only: long-context RoPE (Llama 3.1's "llama3")
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> ModelSpec:
+        """The inverse of `dataclasses.asdict` (checkpoint metadata); fields added later take defaults."""
+        fields = dict(fields)
+        if fields.get("rope_scaling") is not None:
+            fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
+        return cls(**fields)
 
     def __post_init__(self) -> None:
         if self.family not in ("opt", "llama"):
             raise ValueError(f"family must be 'opt' or 'llama', got {self.family!r}")
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                       "head_dim", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        for field in ("norm_eps", "rope_theta"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (np.isfinite(value) and value > 0):
+                raise ValueError(f"{field} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"tie_word_embeddings must be true or false, got {self.tie_word_embeddings!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
@@ -62,6 +103,8 @@ class ModelSpec:
                              "num_heads * head_dim == hidden_size")
         if self.family == "llama" and self.head_dim % 2:
             raise ValueError(f"llama family needs an even head_dim for RoPE, got {self.head_dim}")
+        if self.family == "opt" and self.rope_scaling is not None:
+            raise ValueError("opt family has learned positions: rope_scaling must be None")
 
     @property
     def q_size(self) -> int:
@@ -126,11 +169,19 @@ def _opt(name: str, hidden: int, layers: int, heads: int, *, vocab: int = 50272,
 
 def _llama(name: str, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, *,
            vocab: int = 32000, max_pos: int = 2048, head_dim: int | None = None,
-           tie: bool = False) -> ModelSpec:
+           tie: bool = False, eps: float = 1e-6, theta: float = 10000.0,
+           scaling: RopeScaling | None = None) -> ModelSpec:
     return ModelSpec(name=name, family="llama", vocab_size=vocab, hidden_size=hidden, num_layers=layers,
                      num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim or hidden // heads,
                      intermediate_size=intermediate, max_position_embeddings=max_pos,
-                     norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=tie)
+                     norm_eps=eps, rope_theta=theta, tie_word_embeddings=tie, rope_scaling=scaling)
+
+
+def _llama3(name: str, hidden: int, layers: int, heads: int, intermediate: int, *, tie: bool = False,
+            factor: float = 8.0) -> ModelSpec:
+    """Llama 3.1 / 3.2: 8 KV heads, 128K vocabulary and context, theta 500K, "llama3" RoPE scaling."""
+    return _llama(name, hidden, layers, heads, 8, intermediate, vocab=128256, max_pos=131072, tie=tie, eps=1e-5,
+                  theta=500000.0, scaling=RopeScaling("llama3", factor, 1.0, 4.0, 8192))
 
 
 _PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in (
@@ -142,6 +193,9 @@ _PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _opt("opt-175b", 12288, 96, 96),
     _llama("llama-7b", 4096, 32, 32, 32, 11008),
     _llama("llama-13b", 5120, 40, 40, 40, 13824),
+    _llama3("llama-3.2-1b", 2048, 16, 32, 8192, tie=True, factor=32.0),
+    _llama3("llama-3.1-8b", 4096, 32, 32, 14336),
+    _llama3("llama-3.1-70b", 8192, 80, 64, 28672),
     # Tiny configs for tests: a few layers, small vocab; tiny-llama uses GQA (4 q heads / 2 kv heads).
     _opt("tiny-opt", 64, 2, 4, vocab=256, max_pos=512),
     _llama("tiny-llama", 64, 2, 4, 2, 128, vocab=256, max_pos=512, head_dim=16),

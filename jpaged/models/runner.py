@@ -1,5 +1,8 @@
 """ModelRunner: the jitted paged step, `step(params, kv_pool, plan arrays) -> (logits, kv_pool)`.
 
+The step is a pure function of the model's Flax state (`params`, a pure dict; the module is
+rebuilt with `nnx.merge` while tracing) and of the pool, which goes in donated and comes back.
+
 Two entries, one per plan shape: `prefill` (any number of query tokens per sequence, the last ones
 of its context) and `decode` (exactly one token per sequence). Both donate the KV pool, write each
 layer's new K/V through the kernels' `write_kv`, and attend through the paged kernels (Pallas) or
@@ -16,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
-
+from flax import nnx
 from jax.sharding import Mesh
 
 from jpaged import parallel
@@ -66,17 +69,20 @@ def _write_and_attend(attend_fn: Callable, q, k, v, k_pool, v_pool, slot_mapping
 class ModelRunner:
     """Runs a decoder over a paged KV pool; `prefill` and `decode` are jitted pure functions."""
 
-    def __init__(self, spec: ModelSpec, params: decoder.Params, *, block_size: int,
+    def __init__(self, spec: ModelSpec, params: decoder.Params | nnx.State | nnx.Module, *, block_size: int,
                  attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None):
-        """`interpret` runs Pallas kernels in interpret mode (default: off GPU only).
+        """`params`: the model's state (pure dict or `nnx.State`) or the `CausalLM` itself.
 
-        With a `mesh` (tensor parallelism, see jpaged.parallel) `params` and pools must already be
-        sharded; attention runs per head shard and logits come back replicated.
+        `interpret` runs Pallas kernels in interpret mode (default: off GPU only). With a `mesh`
+        (tensor parallelism, see jpaged.parallel) `params` and pools must already be sharded;
+        attention runs per head shard and logits come back replicated.
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if isinstance(params, nnx.Module):
+            params = nnx.state(params)
         self.spec = spec
-        self.params = params
+        self.params = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
         self.block_size = block_size
         self.backend = resolve_backend(attention_backend)  # "auto" -> pallas on GPU, xla elsewhere
         self.num_compilations = 0
@@ -148,7 +154,8 @@ class ModelRunner:
                                                    query_start_loc, i)
             return out, (k_pool, v_pool)
 
-        h = decoder.embed(spec, params, token_ids, positions)  # [T, H]
-        h, kv_pool = decoder.run_layers(spec, params, h, positions, tuple(kv_pool), attend)
+        model = decoder.merge(spec, params)
+        h = model.embed_tokens(token_ids, positions)  # [T, H]
+        h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend)
         # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
-        return decoder.lm_logits(spec, params, h[logits_indices]), kv_pool
+        return model.logits(h[logits_indices]), kv_pool

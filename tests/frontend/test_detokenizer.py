@@ -129,3 +129,10 @@ def test_incomplete_character_at_the_end_flushes_as_replacement(tok):
 def test_ids_past_the_vocabulary_decode_to_nothing(tok):
     detok = make_detokenizer(tok)
     assert detok.add(10_000) == "" and tok.backend.decode([10_000]) == ""
+
+
+def test_byte_level_surrogate_bytes_are_replaced_at_once(tok):
+    # b"\xed\xa1" starts a UTF-16 surrogate: never valid, so it must not wait for more bytes.
+    pieces = byte_pieces(tok, False)
+    ids = [pieces.index(b"\xed"), pieces.index(b"\xa1")]
+    _check_byte_level(tok, ids, False)

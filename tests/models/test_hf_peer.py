@@ -23,10 +23,22 @@ PEERS = {
         vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=128, max_position_embeddings=512, initializer_range=0.1,
         tie_word_embeddings=False)),
+    # Llama 3.1's layout: tied head, rms eps and rope theta off the defaults, "llama3" RoPE scaling
+    # (a 64-token pre-training context so that head_dim 16 has kept, blended and stretched frequencies).
+    "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=128, max_position_embeddings=512, initializer_range=0.1,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64})),
+    "llama-linear-rope": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=128, max_position_embeddings=512, initializer_range=0.1, rope_theta=1000.0,
+        rope_scaling={"rope_type": "linear", "factor": 4.0})),
 }
 
 
-@pytest.mark.parametrize("family", ["opt", "llama"])
+@pytest.mark.parametrize("family", list(PEERS))
 def test_logits_match_transformers(tmp_path, family):
     torch.manual_seed(0)
     model = PEERS[family]().eval()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from jpaged.models import decoder
+from jpaged.models import decoder, layers
 from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes, num_blocks_for_budget
 from jpaged.models.presets import get_preset, preset_names
 from jpaged.models.runner import ModelRunner
@@ -20,6 +22,29 @@ def test_real_preset_sizes():
     assert abs(get_preset("llama-7b").num_params() / 1e9 - 6.74) < 0.01
     assert abs(get_preset("llama-13b").num_params() / 1e9 - 13.02) < 0.01
     assert get_preset("tiny-llama").num_kv_heads < get_preset("tiny-llama").num_heads  # GQA
+
+
+def test_llama3_presets():
+    # Parameter counts of meta-llama/Llama-3.2-1B (tied head), Llama-3.1-8B and -70B.
+    assert get_preset("llama-3.2-1b").num_params() == 1_235_814_400
+    assert get_preset("llama-3.1-8b").num_params() == 8_030_261_248
+    assert get_preset("llama-3.1-70b").num_params() == 70_553_706_496
+    spec = get_preset("llama-3.1-8b")
+    assert (spec.rope_theta, spec.norm_eps, spec.rope_scaling.rope_type, spec.rope_scaling.factor) == (
+        500000.0, 1e-5, "llama3", 8.0)
+
+
+def test_llama3_rope_frequencies():
+    """Kept above the high-frequency cutoff, divided by `factor` below the low one, blended between."""
+    spec = get_preset("llama-3.1-8b")
+    plain = layers.rope_frequencies(dataclasses.replace(spec, rope_scaling=None))
+    scaled = layers.rope_frequencies(spec)
+    wavelength = 2 * np.pi / plain
+    high, low = wavelength < 8192 / 4, wavelength > 8192 / 1
+    np.testing.assert_allclose(scaled[high], plain[high])
+    np.testing.assert_allclose(scaled[low], plain[low] / 8, rtol=1e-6)
+    middle = ~(high | low)
+    assert middle.any() and np.all((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8))
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-copy"])

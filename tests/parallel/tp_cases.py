@@ -123,3 +123,25 @@ def test_pallas_kernels_run_per_shard():
 def test_too_few_devices_is_an_error_naming_the_numbers():
     with pytest.raises(ValueError, match="tensor_parallel_size: 8 needs 8 devices, found 4"):
         parallel.make_mesh(8)
+
+
+@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
+def test_checkpoints_load_straight_into_their_shards(tmp_path, model):
+    """orbax restore and the Hugging Face import at tp = 4 give the sharded, KV-replicated weights."""
+    from jpaged.checkpoint import import_hf, restore_params, save_params
+    from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
+
+    spec = get_preset(model)
+    params = decoder.init_params(spec, seed=2)
+    save_params(tmp_path / "ckpt", spec, params)
+    write_hf_dir(tmp_path / "hf", spec, params, HF_CONFIGS[model])
+    mesh = parallel.make_mesh(4)
+    want_spec, want = parallel.replicate_kv_heads(spec, params, 4)  # tiny-llama: 2 KV heads -> 4
+    shardings = jax.tree.leaves(parallel.param_shardings(want_spec, mesh))
+    loaded = {"orbax": restore_params(tmp_path / "ckpt", mesh=mesh)[:2],
+              "hf": import_hf(tmp_path / "hf", name=model, mesh=mesh)}
+    for source, (got_spec, got) in loaded.items():
+        assert got_spec == want_spec, source
+        for x, y, sharding in zip(jax.tree.leaves(got), jax.tree.leaves(want), shardings):
+            assert x.sharding.is_equivalent_to(sharding, x.ndim), source
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
