@@ -16,12 +16,12 @@ from typing import Sequence as Seq
 import numpy as np
 from tqdm.auto import tqdm
 
-from jpaged import step_guard
+from jpaged import request_checks, step_guard
 from jpaged.config import EngineConfig
 from jpaged.executors.base import Executor, ModelOutput
 from jpaged.outputs import RequestOutput
 from jpaged.postprocess import Postprocessor
-from jpaged.request_checks import CheckedRequest, check_request
+from jpaged.request_checks import CheckedRequest
 from jpaged.scheduler import Scheduler, SchedulerOutput
 from jpaged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.step_plan import StepPlan
@@ -81,12 +81,14 @@ class LLMEngine:
         `prompt_token_ids`: a list of ints or a 1-D integer numpy array, every id in the vocabulary.
         Requests with different `cache_salt` (a str) never share prefix-cache blocks.
         """
-        self._queue(self._check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
+        self._queue(self.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
 
-    def _check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
-                       **fields: str) -> CheckedRequest:
-        """`request_checks.check_request` against this engine's limits (changes nothing)."""
-        return check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+    def check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None, cache_salt=None,
+                      **fields: str) -> CheckedRequest:
+        """`request_checks.check_request` against this engine's limits; changes nothing, so a caller
+        can check a batch of requests before queueing any. `fields` (prompt_field, params_field)
+        name the arguments as the caller's user knows them."""
+        return request_checks.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
                              scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
                              vocab_size=self.vocab_size, in_use=self._groups, **fields)
 
@@ -210,7 +212,7 @@ class LLMEngine:
         else:
             params, fields = [sampling_params] * len(prompts), ["sampling_params"] * len(prompts)
         ids = self._fresh_request_ids(len(prompts))
-        requests = [self._check_request(request_id, prompt, p, None, None, prompt_field=f"prompts[{i}]",
+        requests = [self.check_request(request_id, prompt, p, None, None, prompt_field=f"prompts[{i}]",
                                         params_field=field)
                     for i, (request_id, prompt, p, field) in enumerate(zip(ids, prompts, params, fields))]
         for request in requests:

@@ -80,10 +80,13 @@ class LLM:
         encoded = [prompt_ids(p, self.tokenizer, f"prompts[{i}]") for i, p in enumerate(items)]
         ids = [f"llm-{self._num_requests + i}" for i in range(len(items))]
         self._num_requests += len(items)
+        finals = [p if p.output_kind == "final" else dataclasses.replace(p, output_kind="final") for p in params]
+        for i, (request_id, (token_ids, _), p) in enumerate(zip(ids, encoded, finals)):
+            self.engine.check_request(request_id, token_ids, engine_params(p), prompt_field=f"prompts[{i}]",
+                                      params_field=f"sampling_params[{i}]")
         queued: list[str] = []
         try:
-            for request_id, (token_ids, text), p in zip(ids, encoded, params):
-                final = p if p.output_kind == "final" else dataclasses.replace(p, output_kind="final")
+            for request_id, (token_ids, text), final in zip(ids, encoded, finals):
                 self._processor.add_request(request_id, token_ids, final, prompt=text)
                 queued.append(request_id)
                 self.engine.add_request(request_id, token_ids, engine_params(final))

@@ -48,8 +48,10 @@ def _stop_strings(field: str, value) -> tuple[str, ...]:
     """Stop strings as a tuple of non-empty strs (one str is one stop string, as in the OpenAI API)."""
     if isinstance(value, str):
         value = (value,)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
-        raise TypeError(f"{field}: must be a non-empty str or a list of them, got {show(value)}")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise TypeError(f"{field}: must be a str or a list of strs, got {show(value)}")
+    if not all(value):
+        raise ValueError(f"{field}: stop strings must be non-empty, got {show(value)}")
     return tuple(value)
 
 

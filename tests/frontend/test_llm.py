@@ -89,7 +89,7 @@ def test_chat_renders_the_template(llm):
 def test_bad_prompts_name_the_prompt_and_leave_nothing_queued(llm):
     with pytest.raises(ValueError, match=r"prompts\[1\]"):
         llm.generate(["ok", ""], use_tqdm=False)
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(ValueError, match=r"prompts\[1\]\[1\]: token id 1000000 is outside the vocabulary"):
         llm.generate([[1, 2], [5, 10**6]], use_tqdm=False)
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a", "b"], [SamplingParams()], use_tqdm=False)
