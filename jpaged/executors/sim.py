@@ -12,6 +12,7 @@ import numpy as np
 
 from jpaged.executors.base import ModelOutput
 from jpaged.models.presets import ModelSpec
+from jpaged.sequence import request_stream
 from jpaged.sim.cost_model import CostModel, CostModelConfig
 from jpaged.sim.gpus import GpuSpec, get_gpu
 from jpaged.sim.profiled import FittedCostModel
@@ -80,7 +81,9 @@ def synthetic_candidates(rows: SampleRows) -> tuple[np.ndarray, np.ndarray]:
         beam = seen.get(id(group), 0)
         seen[id(group)] = beam + 1
         k = 2 * params.n
-        rng = np.random.default_rng((params.seed, group.stream_base, len(seq), beam))
+        # Keyed by the request id even under an explicit seed: no model, so requests that share a
+        # seed would otherwise draw identical candidates whatever their prompts.
+        rng = np.random.default_rng((group.seed, request_stream(group.request_id), len(seq), beam))
         top_logprobs[r, :k] = -np.cumsum(rng.exponential(1.0, k))  # descending
         top_ids[r, :k] = np.arange(SIMULATED_TOKEN, SIMULATED_TOKEN + k)
     return top_ids, top_logprobs
