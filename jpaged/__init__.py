@@ -1,1 +1,27 @@
-"""jpaged: PagedAttention (Kwon et al., SOSP'23) in JAX — paged KV cache, Pallas kernels, serving engine."""
+"""jpaged: PagedAttention (Kwon et al., SOSP'23) in JAX — paged KV cache, Pallas kernels, serving engine.
+
+The offline text API: `from jpaged import LLM, SamplingParams` (imported lazily: `import jpaged`
+alone pulls in no jax).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LLM", "SamplingParams", "AsyncLLMEngine"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from jpaged.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from jpaged.sequence import SamplingParams
+
+        return SamplingParams
+    if name == "AsyncLLMEngine":
+        from jpaged.async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine
+    raise AttributeError(f"module 'jpaged' has no attribute {name!r}")

@@ -16,12 +16,12 @@ from typing import Sequence as Seq
 import numpy as np
 from tqdm.auto import tqdm
 
-from jpaged import step_guard
+from jpaged import request_checks, step_guard
 from jpaged.config import EngineConfig
 from jpaged.executors.base import Executor, ModelOutput
 from jpaged.outputs import RequestOutput
 from jpaged.postprocess import Postprocessor
-from jpaged.request_checks import CheckedRequest, check_request
+from jpaged.request_checks import CheckedRequest
 from jpaged.scheduler import Scheduler, SchedulerOutput
 from jpaged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.step_plan import StepPlan
@@ -40,14 +40,22 @@ class EngineObserver:
     def on_step_end(self, engine: LLMEngine, out: SchedulerOutput, outputs: list[RequestOutput], end: float) -> None:
         """After the step's tokens are applied; `outputs` are what step() returns."""
 
+    def on_request_finished(self, engine: LLMEngine, group: SequenceGroup, output: RequestOutput) -> None:
+        """When step() reports a request finished (stopped, length, aborted or rejected), before
+        on_step_end; `group` holds all its sequences (whatever `output` reports)."""
+
 
 class LLMEngine:
     """Serves requests over a paged KV cache with iteration-level scheduling."""
 
-    def __init__(self, config: EngineConfig, executor: Executor | None = None, scheduler: Scheduler | None = None):
+    def __init__(self, config: EngineConfig, executor: Executor | None = None, scheduler: Scheduler | None = None,
+                 eos_token_ids: Seq[int] = ()):
+        """`eos_token_ids`: the model's end-of-sequence ids; every request stops at them unless
+        `ignore_eos` (the text front ends pass the tokenizer's; token-level users may leave none)."""
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config: must be an EngineConfig, got {type(config).__name__}")
         self.config = config
+        self.eos_token_ids = tuple(eos_token_ids)
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
         if executor is not None and not all(callable(getattr(executor, m, None)) for m in ("execute", "now")):
             raise TypeError(f"executor: must implement execute(plan) and now() (the Executor protocol), "
@@ -73,12 +81,14 @@ class LLMEngine:
         `prompt_token_ids`: a list of ints or a 1-D integer numpy array, every id in the vocabulary.
         Requests with different `cache_salt` (a str) never share prefix-cache blocks.
         """
-        self._queue(self._check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
+        self._queue(self.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt))
 
-    def _check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
-                       **fields: str) -> CheckedRequest:
-        """`request_checks.check_request` against this engine's limits (changes nothing)."""
-        return check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
+    def check_request(self, request_id, prompt_token_ids, sampling_params, arrival_time=None, cache_salt=None,
+                      **fields: str) -> CheckedRequest:
+        """`request_checks.check_request` against this engine's limits; changes nothing, so a caller
+        can check a batch of requests before queueing any. `fields` (prompt_field, params_field)
+        name the arguments as the caller's user knows them."""
+        return request_checks.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
                              scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
                              vocab_size=self.vocab_size, in_use=self._groups, **fields)
 
@@ -87,10 +97,11 @@ class LLMEngine:
         seq = Sequence(self.scheduler.new_seq_id(), request.prompt)
         arrival = self.executor.now() if request.arrival_time is None else request.arrival_time
         group = SequenceGroup(request.request_id, [seq], request.params, arrival, self._num_arrivals,
-                              cache_salt=request.cache_salt)
+                              cache_salt=request.cache_salt, eos_token_ids=self.eos_token_ids)
         self._num_arrivals += 1
         self._groups[request.request_id] = group
         self.postprocessor.num_streaming += request.params.output_kind != "final"
+        self.postprocessor.num_logprobs += request.params.logprobs is not None
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> None:
@@ -100,6 +111,29 @@ class LLMEngine:
             raise KeyError(f"cannot abort request {request_id!r}: no such unfinished request")
         self.scheduler.abort(group)
         self.postprocessor.finish_group(group, self.executor.now(), SequenceStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, indices: Seq[int] | None = None,
+                       status: SequenceStatus = SequenceStatus.FINISHED_STOPPED) -> None:
+        """Ends samples of a request from outside the core: the text front end found a stop string.
+
+        The live sequences with sample index in `indices` (None: all) end with `status` and free
+        their blocks now; once none is left the request's output comes with the next step().
+        Sequences that already finished are left as they are.
+        """
+        group = self._groups.get(request_id)
+        if group is None or group.finish_time is not None:
+            raise KeyError(f"cannot finish request {request_id!r}: no such unfinished request")
+        if not status.is_finished:
+            raise ValueError(f"status must be a finished status, got {status}")
+        chosen = group.live_seqs() if indices is None else [s for s in group.live_seqs() if s.index in set(indices)]
+        for seq in chosen:
+            seq.status = status
+        if group.is_finished:  # from whichever queue holds it; every block back
+            self.scheduler.abort(group)
+            self.postprocessor.finish_group(group, self.executor.now())
+        else:
+            for seq in chosen:
+                self.scheduler.free_seq(seq)
 
     def has_unfinished(self) -> bool:
         """True while any request waits, runs, is swapped out, or has an unreported output."""
@@ -128,7 +162,9 @@ class LLMEngine:
         outputs = self.postprocessor.drain()
         for output in outputs:
             if output.finished:
-                del self._groups[output.request_id]
+                group = self._groups.pop(output.request_id)
+                for observer in self.observers:
+                    observer.on_request_finished(self, group, output)
         for observer in self.observers:
             observer.on_step_end(self, out, outputs, self.executor.now())
         return outputs
@@ -176,7 +212,7 @@ class LLMEngine:
         else:
             params, fields = [sampling_params] * len(prompts), ["sampling_params"] * len(prompts)
         ids = self._fresh_request_ids(len(prompts))
-        requests = [self._check_request(request_id, prompt, p, None, None, prompt_field=f"prompts[{i}]",
+        requests = [self.check_request(request_id, prompt, p, None, None, prompt_field=f"prompts[{i}]",
                                         params_field=field)
                     for i, (request_id, prompt, p, field) in enumerate(zip(ids, prompts, params, fields))]
         for request in requests:

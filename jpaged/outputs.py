@@ -13,6 +13,13 @@ class CompletionOutput:
     token_ids: list[int]  # generated tokens: all so far, or only the new ones (output_kind "delta")
     cumulative_logprob: float  # sum of the log-probabilities of its tokens under the model
     finish_reason: str | None  # "stop", "length" or "abort"; None while it runs
+    # SamplingParams.logprobs: per token (the same ones as token_ids) {token id: logprob}, the top
+    # `logprobs` tokens best first, then the sampled token if it is not among them; None otherwise
+    # (and from an executor without a model).
+    logprobs: list[dict[int, float]] | None = None
+    # Filled by the text front end (jpaged.output_processor); the token-level engine leaves them:
+    text: str = ""  # the generated text (all so far, or the new part when streaming deltas)
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it, if any
 
 
 @dataclasses.dataclass
@@ -28,6 +35,7 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float | None
     error: str | None = None  # why the engine ended the request, if it did
+    prompt: str | None = None  # the prompt text, when the front end was given text
 
     @property
     def output_token_ids(self) -> list[list[int]]:

@@ -30,6 +30,7 @@ class Postprocessor:
         self.scheduler = scheduler
         self.outputs: list[RequestOutput] = []  # reported by the next `drain`
         self.num_streaming = 0  # unfinished requests with output_kind "delta" / "cumulative"
+        self.num_logprobs = 0  # unfinished requests that asked for logprobs
 
     def update(self, out: SchedulerOutput, result: ModelOutput, started: float, now: float) -> None:
         """Applies one executed step: `started` and `now` are the clock at its start and end."""
@@ -44,6 +45,8 @@ class Postprocessor:
             for group in rows.first_token_groups:
                 group.first_token_time = now
             if rows.is_plain:
+                if self.num_logprobs and logprobs is not None:
+                    self._record_logprobs(rows.seqs, range(len(tokens)), tokens, logprobs, result)
                 self._append_all(rows.seqs, tokens, logprobs, now)
             else:
                 self._apply_rows(rows, tokens, logprobs, result, now)
@@ -85,8 +88,30 @@ class Postprocessor:
             except Exception as exc:
                 self.fail_group(beams_of_group[0].group, now, f"beam search step failed: {describe(exc)}")
         plain = [r for r in plain if seqs[r].group.finish_time is None]
+        if self.num_logprobs and logprobs is not None:
+            self._record_logprobs([seqs[r] for r in plain], plain, [tokens[r] for r in plain], logprobs, result)
         self._append_all([seqs[r] for r in plain], [tokens[r] for r in plain],
                          None if logprobs is None else [logprobs[r] for r in plain], now)
+
+    @staticmethod
+    def _record_logprobs(seqs: list[Sequence], rows, tokens: list[int], logprobs: list[float],
+                         result: ModelOutput) -> None:
+        """Per sequence that asked (SamplingParams.logprobs = k): its top k and sampled token's logprobs.
+
+        `rows[i]` is the sample row of `seqs[i]` and `tokens[i]` its token; `logprobs` is per row.
+        Runs before the tokens are appended, so a sequence that stops now has its last entry.
+        """
+        for seq, row, token in zip(seqs, rows, tokens):
+            k = seq.group.sampling_params.logprobs
+            if k is None:
+                continue
+            entry = {}
+            if k:
+                entry = dict(zip(result.top_ids[row, :k].tolist(), result.top_logprobs[row, :k].tolist()))
+            entry.setdefault(token, logprobs[row])
+            if seq.logprobs is None:
+                seq.logprobs = []
+            seq.logprobs.append(entry)
 
     def _append_all(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float] | None,
                     now: float) -> None:
@@ -169,6 +194,8 @@ class Postprocessor:
         group.error = error
         if group.sampling_params.output_kind != "final":
             self.num_streaming -= 1
+        if group.sampling_params.logprobs is not None:
+            self.num_logprobs -= 1
         self.outputs.append(self.output_of(group, finished=True))
 
     def fail_group(self, group: SequenceGroup, now: float, error: str) -> None:
@@ -179,8 +206,9 @@ class Postprocessor:
         for seq in group.seqs:
             if not seq.status.is_finished:
                 seq.status = SequenceStatus.FINISHED_ABORTED
-        if group.finish_time is None and group.sampling_params.output_kind != "final":
-            self.num_streaming -= 1
+        if group.finish_time is None:
+            self.num_streaming -= group.sampling_params.output_kind != "final"
+            self.num_logprobs -= group.sampling_params.logprobs is not None
         group.finish_time = now
         group.error = error
         try:
@@ -205,12 +233,16 @@ class Postprocessor:
         delta = params.output_kind == "delta"
         completions = []
         for rank, seq in enumerate(seqs):
-            tokens = seq.output_token_ids
+            tokens, logprobs = seq.output_token_ids, seq.logprobs
             if delta:
-                tokens, seq.num_reported = tokens[seq.num_reported:], len(tokens)
+                start, seq.num_reported = seq.num_reported, len(tokens)
+                tokens = tokens[start:]
+                logprobs = None if logprobs is None else logprobs[start:]
+            elif logprobs is not None:
+                logprobs = list(logprobs)
             completions.append(CompletionOutput(rank if params.use_beam_search else seq.index, tokens,
                                                 seq.cumulative_logprob,
-                                                seq.status.label if seq.status.is_finished else None))
+                                                seq.status.label if seq.status.is_finished else None, logprobs))
         prompt = group.seqs[0].token_ids[: group.prompt_len] if group.seqs else []
         return RequestOutput(group.request_id, prompt, completions, finished, group.arrival_time,
                              group.first_scheduled_time, group.first_token_time, group.finish_time, group.error)

@@ -25,7 +25,7 @@ class SampleResult:
 
     token_ids: np.ndarray  # i32[R] chosen tokens
     logprobs: np.ndarray  # f32[R] log-probability of each chosen token under the model
-    top_ids: np.ndarray | None  # i32[R, num_top] most likely tokens, best first (beam search)
+    top_ids: np.ndarray | None  # i32[R, num_top] most likely tokens, best first (beams, logprobs)
     top_logprobs: np.ndarray | None  # f32[R, num_top] their log-probabilities
 
 
@@ -71,11 +71,14 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         out[:rows] = a
         return out
 
+    k = batch.num_top
+    # Candidates per row rounded up to a power of two (within the vocabulary): a few compiled variants.
+    num_top = min(bucket(k, minimum=1), logits.shape[-1]) if k else 0
     out = _sample(logits, pad(batch.logits_rows, np.int32), pad(batch.temperature, np.float32),
                   pad(batch.top_k, np.int32), pad(batch.top_p, np.float32) + (np.arange(size) >= rows),
                   pad(batch.seed, np.uint32), pad(batch.stream, np.int32), pad(batch.position, np.int32),
-                  num_top=batch.num_top, any_random=bool((batch.temperature > 0).any()))
+                  num_top=num_top, any_random=bool((batch.temperature > 0).any()))
     tokens, chosen, top_ids, top_logprobs = jax.device_get(out)
     return SampleResult(tokens[:rows], chosen[:rows],
-                        None if top_ids is None else top_ids[:rows],
-                        None if top_logprobs is None else top_logprobs[:rows])
+                        None if top_ids is None else top_ids[:rows, :k],
+                        None if top_logprobs is None else top_logprobs[:rows, :k])

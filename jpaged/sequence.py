@@ -15,9 +15,10 @@ import zlib
 from typing import Literal
 
 from jpaged.validation import (FLOAT32_MAX, INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float,
-                               check_int, check_token_ids)
+                               check_int, check_token_ids, show)
 
 OutputKind = Literal["final", "delta", "cumulative"]
+MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for (OpenAI's chat limit)
 # |length_penalty| bound: output_len ** length_penalty stays finite for any max_model_len the
 # config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
 MAX_LENGTH_PENALTY = 10.0
@@ -33,10 +34,25 @@ _FIELD_CHECKS = {
     "max_tokens": lambda f, v: check_int(f, v, 1),
     "stop_token_ids": lambda f, v: tuple(check_token_ids(f, v, allow_empty=True)),
     "ignore_eos": check_bool,
-    "seed": lambda f, v: check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+    "seed": lambda f, v: None if v is None else check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
     "length_penalty": lambda f, v: check_float(f, v, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
     "output_kind": lambda f, v: check_choice(f, v, ("final", "delta", "cumulative")),
+    "logprobs": lambda f, v: None if v is None else check_int(f, v, 0, MAX_LOGPROBS),
+    "stop": lambda f, v: _stop_strings(f, v),
+    "include_stop_str_in_output": check_bool,
+    "skip_special_tokens": check_bool,
 }
+
+
+def _stop_strings(field: str, value) -> tuple[str, ...]:
+    """Stop strings as a tuple of non-empty strs (one str is one stop string, as in the OpenAI API)."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise TypeError(f"{field}: must be a str or a list of strs, got {show(value)}")
+    if not all(value):
+        raise ValueError(f"{field}: stop strings must be non-empty, got {show(value)}")
+    return tuple(value)
 
 
 class SequenceStatus(enum.Enum):
@@ -66,11 +82,18 @@ class SamplingParams:
     top_k: int = 0  # keep the k most likely tokens; 0 = all
     top_p: float = 1.0  # keep the smallest set of tokens with total probability >= top_p, in (0, 1]
     max_tokens: int = 16  # most tokens to generate
-    stop_token_ids: tuple[int, ...] = ()  # generation stops after any of these (unless ignore_eos)
-    ignore_eos: bool = False  # keep generating through stop tokens (benchmarks: length = max_tokens)
-    seed: int = 0  # with the request id and position, fixes every random draw
+    stop_token_ids: tuple[int, ...] = ()  # generation stops after any of these (ignore_eos or not)
+    ignore_eos: bool = False  # keep generating through the model's EOS ids (benchmarks: length = max_tokens)
+    # An int fixes every draw with the sample's index and position: the same seed and prompt give the
+    # same samples in any request. None: the engine's seed 0 with the request id (requests differ).
+    seed: int | None = None
     length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** length_penalty
     output_kind: OutputKind = "final"  # step() reports the request: at the end, or every step (delta / cumulative)
+    logprobs: int | None = None  # per output token, the log-probabilities of the sampled and top `logprobs` tokens
+    # Text-level options, applied by the front end (jpaged.output_processor), not the token-level core:
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (finish reason "stop")
+    include_stop_str_in_output: bool = False  # keep the stop string at the end of the text
+    skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text
 
     def __post_init__(self) -> None:
         # A bad value must fail here, at the door, never inside a step that batches other requests.
@@ -82,13 +105,17 @@ class SamplingParams:
         if self.use_beam_search and (self.top_k != 0 or self.top_p != 1.0):
             raise ValueError("SamplingParams.use_beam_search does not combine with top_k / top_p sampling, "
                              f"got top_k={self.top_k}, top_p={self.top_p}")
+        if self.logprobs is not None and self.use_beam_search:
+            raise ValueError("SamplingParams.logprobs is not supported with use_beam_search")
+        if self.stop and self.use_beam_search:
+            raise ValueError("SamplingParams.stop strings are not supported with use_beam_search")
 
 
 class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
     __slots__ = ("seq_id", "index", "prompt_len", "token_ids", "num_computed_tokens", "cumulative_logprob",
-                 "status", "block_keys", "group", "num_reported")
+                 "status", "block_keys", "group", "num_reported", "logprobs")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
         self.seq_id = seq_id
@@ -102,6 +129,8 @@ class Sequence:
         self.block_keys: list[tuple[int, ...]] = []
         self.group: SequenceGroup | None = None  # the request it belongs to (set by SequenceGroup)
         self.num_reported = 0  # output tokens already streamed (output_kind "delta")
+        # SamplingParams.logprobs: per output token {token id: logprob}, the top ones then the sampled one.
+        self.logprobs: list[dict[int, float]] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -131,6 +160,7 @@ class Sequence:
         child.status = self.status
         child.block_keys = list(self.block_keys)
         child.group = self.group
+        child.logprobs = None if self.logprobs is None else list(self.logprobs)
         return child
 
 
@@ -153,17 +183,21 @@ class SequenceGroup:
     finish_time: float | None = None
     cache_salt: str | None = None  # prefix-cache namespace: groups with different salts never share blocks
     finished_beams: list[Sequence] = dataclasses.field(default_factory=list)  # beam search: completed hypotheses
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids: stops unless ignore_eos
 
     def __post_init__(self) -> None:
         for seq in self.seqs:
             seq.group = self
         params = self.sampling_params
         # Stop checks run for every sequence every step: precompute what they read.
-        self.stop_set = frozenset(() if params.ignore_eos else params.stop_token_ids)
+        # ignore_eos skips only the model's EOS ids: explicit stop_token_ids always stop.
+        self.stop_set = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else self.eos_token_ids)
         self.max_total_len = self.seqs[0].prompt_len + params.max_tokens
         self.width = params.n  # most sequences the group ever holds at once (samples or beams)
         self.is_single = params.n == 1 and not params.use_beam_search  # one sequence for its whole life
-        self.stream_base = request_stream(self.request_id)
+        # Random draws: (seed, stream base + sample index, position). An explicit seed alone fixes them.
+        self.seed = 0 if params.seed is None else params.seed
+        self.stream_base = request_stream(self.request_id) if params.seed is None else 0
         self.num_forks = 0  # sequences forked so far (sample index of the next fork - 1)
         self.error: str | None = None  # why the engine ended the request, if it did
 

@@ -61,7 +61,7 @@ class SamplingBatch:
     seed: np.ndarray  # u32[R] the request's seed
     stream: np.ndarray  # i32[R] the request's stream base + the sample's index in its group
     position: np.ndarray  # i32[R] position of the token being sampled
-    num_top: int = 0  # also return the top `num_top` log-probabilities per row (beam search)
+    num_top: int = 0  # also return the top `num_top` log-probabilities per row (beams; SamplingParams.logprobs)
 
 
 @dataclasses.dataclass
@@ -89,15 +89,16 @@ class SampleRows:
         seqs = self.seqs
         params = [s.group.sampling_params for s in seqs]
         indices = self.indices if self.indices is not None else [s.index for s in seqs]
+        num_logprobs = max((p.logprobs or 0 for p in params), default=0)
         return SamplingBatch(
             logits_rows=self.logits_rows.astype(np.int32),
             temperature=np.array([p.temperature for p in params], np.float32),
             top_k=np.array([p.top_k for p in params], np.int32),
             top_p=np.array([p.top_p for p in params], np.float32),
-            seed=np.array([p.seed for p in params], np.uint32),
+            seed=np.array([s.group.seed for s in seqs], np.uint32),
             stream=np.array([(s.group.stream_base + i) & 0x7FFFFFFF for s, i in zip(seqs, indices)], np.int32),
             position=np.array([len(s) for s in seqs], np.int32),
-            num_top=self.num_top)
+            num_top=max(self.num_top, num_logprobs))
 
 
 @dataclasses.dataclass

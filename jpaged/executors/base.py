@@ -16,7 +16,7 @@ class ModelOutput:
 
     token_ids: np.ndarray | list[int]  # [R] the token sampled for each row of plan.sampling
     logprobs: np.ndarray | None  # f32[R] log-probability of each sampled token; None without a model
-    top_ids: np.ndarray | None  # i32[R, K] most likely tokens per row, best first (beam search), else None
+    top_ids: np.ndarray | None  # i32[R, K] most likely tokens per row, best first (beams, logprobs), else None
     top_logprobs: np.ndarray | None  # f32[R, K] their log-probabilities
     duration: float  # seconds the step took: wall time (jax) or cost-model time (sim)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from jpaged.executors.base import ModelOutput
 from jpaged.models.presets import ModelSpec
+from jpaged.sequence import request_stream
 from jpaged.sim.cost_model import CostModel, CostModelConfig
 from jpaged.sim.gpus import GpuSpec, get_gpu
 from jpaged.sim.profiled import FittedCostModel
@@ -88,7 +89,9 @@ def synthetic_candidates(rows: SampleRows) -> tuple[np.ndarray, np.ndarray]:
     for r, seq, rank, n in beam_rows(rows):
         group = seq.group
         k = 2 * n
-        rng = np.random.default_rng((group.sampling_params.seed, group.stream_base, len(seq), rank))
+        # Keyed by the request id even under an explicit seed: no model, so requests that share a
+        # seed would otherwise draw identical candidates whatever their prompts.
+        rng = np.random.default_rng((group.seed, request_stream(group.request_id), len(seq), rank))
         top_logprobs[r, :k] = -np.cumsum(rng.exponential(1.0, k))  # descending
         top_ids[r, :k] = np.arange(SIMULATED_TOKEN, SIMULATED_TOKEN + k)
     return top_ids, top_logprobs
@@ -112,7 +115,8 @@ class BeamReplay:
     `ids_<n>` i32[K, L, n, 2n] and `logprobs_<n>` f32[K, L, n, 2n]: trace k's candidates at output
     step t for the beam of rank b (its order among its group's rows in that step; step 0 has one
     row, the prompt's, so rows 1.. of step 0 are unused). A simulated request of width n replays
-    trace `stream_base % K`: at every step its rank-b beam gets the recorded rank-b candidates.
+    trace `request_stream(request_id) % K` (explicit seeds set no trace: requests sharing one still
+    replay different searches): at every step its rank-b beam gets the recorded rank-b candidates.
     The engine's beam step is deterministic, so the simulated search follows the recorded one
     exactly: the same parents fork, the same beams die. A request longer than the recording (L
     steps) keeps replaying the trace's second half in a loop (step t >= L reads step
@@ -154,7 +158,7 @@ class BeamReplay:
             logprobs = self.logprobs.get(n)
             if logprobs is None:
                 raise ValueError(f"{self.path} recorded beam widths {self.widths}, not {n}")
-            k = seq.group.stream_base % logprobs.shape[0]
+            k = request_stream(seq.group.request_id) % logprobs.shape[0]
             t = self.step_of(seq.num_output_tokens, logprobs.shape[1])
             top_ids[r, : 2 * n] = self.ids[n][k, t, rank]
             top_logprobs[r, : 2 * n] = logprobs[k, t, rank]

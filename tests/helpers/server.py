@@ -1,0 +1,98 @@
+"""A real `jpaged serve` in a subprocess on 127.0.0.1 with a free port, and a /metrics reader."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from tests.helpers.text_assets import ASSET
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "stdlib-lm"  # the served model id
+# A small pool and budgets: the asset model is tiny, and the tests want blocks to be countable.
+SERVE_ARGS = ["--num-blocks", "256", "--block-size", "16", "--max-num-seqs", "32", "--attention-backend", "xla"]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the server binds it right after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running server process: its base URL and how it ended."""
+
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
+        self.process, self.port, self.log_path = process, port, log_path
+        self.base_url = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
+        """Sends `sig` and waits; the exit status (the process is killed if it does not exit)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0) -> Iterator[Server]:
+    """`python -m jpaged.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after."""
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    command = [sys.executable, "-m", "jpaged.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
+               "--port", str(port), *SERVE_ARGS, *extra]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = Server(process, port, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(server.base_url + "/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not come up in {timeout} s:\n{server.log()}")
+            time.sleep(0.25)
+        yield server
+    finally:
+        server.stop()
+
+
+def metrics(base_url: str) -> dict[str, float]:
+    """GET /metrics as {'name{labels}': value} (labels as printed), comments dropped."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    """The value of `name` whose labels include `labels` (0.0 when absent, as for an unseen counter)."""
+    for key, value in values.items():
+        if key == name or key.startswith(name + "{"):
+            if all(f'{k}="{v}"' in key for k, v in labels.items()):
+                return value
+    return 0.0
