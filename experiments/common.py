@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import inspect
 import json
 import os
@@ -51,6 +52,11 @@ def provenance(config: Any, seed: int | None = None, device: str | None = None) 
     except ImportError:
         info["device"] = device or "none"
     return info
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes (an input an experiment read: its results change with it)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def point_provenance(run_provenance: dict) -> dict:

@@ -3,8 +3,11 @@
 Each system serves the same Poisson ShareGPT trace (paper §6.2 setup: OPT-13B on one
 A100-40GB) for `duration_s` simulated seconds at a rate that keeps every system loaded; the KV
 slot space is split at every step into token states | reserved | internal fragmentation |
-external fragmentation | free (definitions: jpaged/kv_usage.py) and averaged over time. A second
-figure shows the block pool over a window of the run: which request owns which block.
+external fragmentation | free (definitions: jpaged/kv_usage.py) and averaged over time, in two
+windows (jpaged/metrics.py): the whole run, and the steady state, from the first step during which
+the pool was full (a preemption, or a waiting request held back for lack of memory) to the end, so
+the warm-up while the pool first fills is left out. A second figure shows the block pool over a
+window of the run: which request owns which block.
 
     python -m experiments.memory_waste --config configs/memory_waste.yaml
 """
@@ -101,32 +104,42 @@ def run(config: MemoryWasteConfig) -> dict:
     trace = generate_trace(WorkloadConfig(dataset=config.dataset, request_rate=config.request_rate,
                                           duration_s=config.duration_s, seed=config.seed),
                            vocab_size=get_preset(config.model.name).vocab_size)
-    systems, pictures, runs = {}, {}, {}
+    systems, steady, pictures, runs = {}, {}, {}, {}
     for system in tqdm(config.systems, desc="memory waste"):
         engine = build_engine(system, engine_config, config.sim)
         recorder = PoolRecorder(engine, config) if system in config.picture_systems else None
         result = run_trace(engine, trace, track_kv=True, observer=recorder, until=config.duration_s)
-        usage = result.kv_usage
-        systems[system] = {"token_states": usage["token_states_pct"], "reserved": usage["reserved_pct"],
-                           "internal": usage["internal_frag_pct"], "external": usage["external_frag_pct"],
-                           "free": usage["free_pct"]}
-        runs[system] = {"avg_batched_requests": result.avg_batched_requests, "completed": len(result.records),
+        systems[system] = _states(result.kv_usage)
+        if result.kv_usage_steady is not None:
+            steady[system] = _states(result.kv_usage_steady)
+        runs[system] = {**result.batch_sizes, "completed": len(result.records),
                         "num_preemptions": result.num_preemptions, "wall_s": result.wall_s}
         if recorder is not None:
             pictures[system] = (recorder.owner, recorder.written, config.picture_interval_s)
-    result = {"systems": systems, "runs": runs,
+    result = {"systems": systems, "steady_state": steady, "runs": runs,
               "provenance": provenance(config, seed=config.seed, device=f"simulated {config.sim.tp}x {config.sim.gpu}")}
     write_json(REPO_ROOT / config.output, result)
     where = f"{config.model.name}, {config.sim.tp}x {config.sim.gpu}, {config.dataset} at {config.request_rate} req/s"
-    plots.stacked_breakdown(REPO_ROOT / config.figure, systems, f"KV cache usage ({where})")
+    plots.stacked_breakdown(REPO_ROOT / config.figure, {"whole run": systems, "steady state": steady},
+                            f"KV cache usage ({where}); hatched: steady state")
     if pictures:
         plots.pool_pictures(REPO_ROOT / config.pool_figure, pictures,
                             f"Block pool over time ({where}); color = owning request, pale = reserved, white = free")
-    print(f"{'system':<12} {'token_states':>12} {'reserved':>9} {'internal':>9} {'external':>9} {'free':>6}")
-    for system, v in systems.items():
-        print(f"{system:<12} {v['token_states']:>12.1f} {v['reserved']:>9.1f} {v['internal']:>9.1f} "
-              f"{v['external']:>9.1f} {v['free']:>6.1f}")
+    print(f"{'system':<12} {'window':<7} {'token_states':>12} {'reserved':>9} {'internal':>9} {'external':>9} "
+          f"{'free':>6} {'warmup_s':>9}")
+    for system in systems:
+        for window, states in (("whole", systems[system]), ("steady", steady.get(system))):
+            if states is not None:
+                print(f"{system:<12} {window:<7} {states['token_states']:>12.1f} {states['reserved']:>9.1f} "
+                      f"{states['internal']:>9.1f} {states['external']:>9.1f} {states['free']:>6.1f} "
+                      f"{runs[system]['warmup_s'] or 0:>9.1f}")
     return result
+
+
+def _states(usage: dict[str, float]) -> dict[str, float]:
+    """A KVUsageAccumulator breakdown under Fig. 2's state names."""
+    return {"token_states": usage["token_states_pct"], "reserved": usage["reserved_pct"],
+            "internal": usage["internal_frag_pct"], "external": usage["external_frag_pct"], "free": usage["free_pct"]}
 
 
 if __name__ == "__main__":

@@ -3,11 +3,15 @@
 Every request of a Poisson trace asks for `width` outputs: parallel sampling (n independent
 samples sharing the prompt) or beam search (width beams sharing their common history). vLLM
 shares blocks with copy-on-write; the Orca variants give every sequence its own contiguous
-region and copy the parent's KV at each fork (`jpaged/baselines/contiguous.py`). Under the
-simulator beam candidates are seeded random log-probabilities, so beams branch and die as in a
-real search. Every vLLM point also measures the memory saving of sharing from the block
-manager's refcounts: at each step, blocks in use (distinct blocks its sequences reference) vs
-blocks without sharing (the sum of their table lengths), time-weighted over the run.
+region and copy the parent's KV at each fork (`jpaged/baselines/contiguous.py`). The simulator
+has no model, so beam search runs under each of `beam_branching`'s models of where beams branch
+(jpaged/executors/sim.py): `synthetic` (seeded random log-probabilities of one flat shape) and
+`recorded` (a trained model's beam search, recorded by experiments/record_beams.py into
+`beam_trace` and replayed step by step). Each (mode, branching) pair is a series: parallel,
+beam_synthetic, beam_recorded. Every vLLM point also measures the memory saving of sharing from
+the block manager's refcounts: at each step, blocks in use (distinct blocks its sequences
+reference) vs blocks without sharing (the sum of their table lengths), time-weighted over the
+run; beam points also count how many distinct parents the width new beams of a step come from.
 
     python -m experiments.parallel_sampling --config configs/parallel_sampling.yaml [--resume]
 """
@@ -18,12 +22,9 @@ import dataclasses
 import logging
 from typing import Literal
 
-import matplotlib.pyplot as plt
-import numpy as np
-
-from experiments import plots
-from experiments.common import REPO_ROOT, main, provenance, write_json
-from experiments.serving import SharingMeter, point_metrics, run_sweep
+from experiments import parallel_sampling_plots
+from experiments.common import REPO_ROOT, main, provenance, sha256_of, write_json
+from experiments.serving import BranchingMeter, SharingMeter, point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.models.presets import get_preset
@@ -35,6 +36,7 @@ from jpaged.workloads import WorkloadConfig, generate_trace
 logger = logging.getLogger(__name__)
 
 Mode = Literal["parallel", "beam"]
+BRANCHINGS = ("synthetic", "recorded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,9 @@ class ParallelSamplingConfig:
     saving_datasets: list[str] = dataclasses.field(default_factory=lambda: ["alpaca", "sharegpt"])  # Fig. 15
     modes: list[str] = dataclasses.field(default_factory=lambda: ["parallel", "beam"])  # parallel | beam
     widths: list[int] = dataclasses.field(default_factory=lambda: [2, 4, 6])  # n, or the beam width
+    # beam search's branching models, each its own series: synthetic | recorded
+    beam_branching: list[str] = dataclasses.field(default_factory=lambda: ["synthetic", "recorded"])
+    beam_trace: str = "results/beam_traces.npz"  # the recorded beam searches (relative to the repo root)
     systems: list[str] = dataclasses.field(default_factory=lambda: ["vllm", "orca_oracle", "orca_pow2", "orca_max"])
     rates: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "<mode><width>" -> req/s grid
     saving_rate: dict[str, float] = dataclasses.field(default_factory=dict)  # dataset -> req/s of the Fig. 15 run
@@ -71,6 +76,8 @@ class ParallelSamplingConfig:
         for mode in self.modes:
             if mode not in ("parallel", "beam"):
                 raise ValueError(f"modes: each must be 'parallel' or 'beam', got {mode!r}")
+        if "beam" in self.modes and (not self.beam_branching or any(b not in BRANCHINGS for b in self.beam_branching)):
+            raise ValueError(f"beam_branching must list {' and/or '.join(BRANCHINGS)}, got {self.beam_branching}")
         if not self.widths or min(self.widths) < 2:
             raise ValueError(f"widths must be a non-empty list of ints >= 2, got {self.widths}")
         for key in (f"{m}{w}" for m in self.modes for w in self.widths):
@@ -91,94 +98,90 @@ def sampling_params(mode: str, width: int, output_len: int, seed: int) -> Sampli
     return SamplingParams(n=width, temperature=1.0, max_tokens=output_len, ignore_eos=True, seed=seed)
 
 
-def run_point(config: ParallelSamplingConfig, dataset: str, mode: str, width: int, system: str, rate: float) -> dict:
+def series_of(config: ParallelSamplingConfig) -> list[tuple[str, str, str]]:
+    """(series, mode, branching) in plot order: parallel, then beam search per branching model."""
+    out = []
+    for mode in config.modes:
+        if mode == "parallel":
+            out.append(("parallel", "parallel", "sampled"))
+        else:
+            out += [(f"beam_{b}", "beam", b) for b in config.beam_branching]
+    return out
+
+
+def sim_config(config: ParallelSamplingConfig, branching: str) -> SimConfig:
+    """The modeled GPUs, replaying the recorded beam searches under `recorded` branching."""
+    if branching != "recorded":
+        return config.sim
+    return dataclasses.replace(config.sim, beam_trace=str(REPO_ROOT / config.beam_trace))
+
+
+def run_point(config: ParallelSamplingConfig, dataset: str, series: str, width: int, system: str,
+              rate: float) -> dict:
     """Serves the trace at `rate`; vLLM points also carry the memory saving of sharing."""
+    _, mode, branching = next(s for s in series_of(config) if s[0] == series)
     engine_config = EngineConfig(model=config.model, cache=config.cache, scheduler=config.scheduler, executor="sim")
-    engine = build_engine(system, engine_config, config.sim)
+    engine = build_engine(system, engine_config, sim_config(config, branching))
     trace = generate_trace(WorkloadConfig(dataset=dataset, request_rate=rate, duration_s=config.duration_s,
                                           seed=config.seed), vocab_size=get_preset(config.model.name).vocab_size)
     meter = SharingMeter(engine) if system == "vllm" else None
+    branches = BranchingMeter() if mode == "beam" else None
+    if branches is not None:
+        engine.observers.append(branches)
     result = run_trace(engine, trace, observer=meter,
                        params_of=lambda r: sampling_params(mode, width, r.output_len, config.seed))
-    point = {"dataset": dataset, "mode": mode, "width": width, "system": system, "request_rate": rate,
-             **point_metrics(result)}
+    point = {"dataset": dataset, "series": series, "mode": mode, "branching": branching, "width": width,
+             "system": system, "request_rate": rate, **point_metrics(result)}
     if meter is not None:
         point["memory_saving"] = 100.0 * meter.saving
+    if branches is not None:
+        point |= branches.summary()
     return point
 
 
 def _key(p: dict) -> tuple:
-    return p["dataset"], p["mode"], p["width"], p["system"], p["request_rate"]
+    return p["dataset"], p["series"], p["width"], p["system"], p["request_rate"]
 
 
 def _settings(config: ParallelSamplingConfig) -> dict:
     settings = config_to_dict(config)
-    for key in ("sweep_datasets", "saving_datasets", "modes", "widths", "systems", "rates", "saving_rate",
-                "output", "figure", "saving_figure"):
+    for key in ("sweep_datasets", "saving_datasets", "modes", "widths", "beam_branching", "systems", "rates",
+                "saving_rate", "output", "figure", "saving_figure"):
         settings.pop(key)
+    if "beam" in config.modes and "recorded" in config.beam_branching:  # a new recording: new points
+        settings["beam_trace_sha256"] = sha256_of(REPO_ROOT / config.beam_trace)
     return settings
-
-
-def plot_latency(path, points: list[dict], config: ParallelSamplingConfig, dataset: str) -> None:
-    """Fig. 14: normalized latency vs request rate, one panel per (mode, width)."""
-    fig, axes = plt.subplots(len(config.modes), len(config.widths), figsize=(3.2 * len(config.widths),
-                                                                            2.8 * len(config.modes)), squeeze=False)
-    for i, mode in enumerate(config.modes):
-        for j, width in enumerate(config.widths):
-            panel = [p for p in points if (p["dataset"], p["mode"], p["width"]) == (dataset, mode, width)]
-            low = min(p["normalized_latency"] for p in panel)
-            plots.system_curves(axes[i][j], panel, "normalized_latency", config.systems,
-                                "Normalized latency (s/token)", ymax=8 * low * config.latency_threshold_factor / 4)
-            axes[i][j].set_title(f"{'parallel n' if mode == 'parallel' else 'beam width'} = {width}", fontsize=9)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{config.model.name}, {config.sim.tp}x {config.sim.gpu}, {dataset}, "
-                 f"{config.duration_s:.0f} s traces (simulated)", fontsize=9)
-    fig.tight_layout()
-    plots.save(fig, path)
-
-
-def plot_saving(path, saving: dict, widths: list[int]) -> None:
-    """Fig. 15: memory saving (%) per width, parallel sampling and beam search, per dataset."""
-    fig, axes = plt.subplots(1, len(saving), figsize=(3.6 * len(saving), 3.0), squeeze=False)
-    for ax, (dataset, modes) in zip(axes[0], saving.items()):
-        for k, (mode, by_width) in enumerate(modes.items()):
-            x = np.arange(len(widths)) + 0.4 * k
-            values = [by_width[str(w)] for w in widths]
-            ax.bar(x, values, width=0.4, label="Parallel sampling" if mode == "parallel" else "Beam search")
-            for xi, v in zip(x, values):
-                ax.text(xi, v + 0.5, f"{v:.1f}", ha="center", fontsize=7)
-        ax.set_xticks(np.arange(len(widths)) + 0.2, [str(w) for w in widths])
-        ax.set_xlabel("# output sequences (n or beam width)")
-        ax.set_ylabel("Memory saving (%)")
-        ax.set_title(dataset, fontsize=9)
-        ax.legend(fontsize=7)
-    plots.save(fig, path)
 
 
 def run(config: ParallelSamplingConfig, resume: bool = False) -> dict:
     """Runs the sweep (under `resume`, only the points the output JSON lacks); writes the JSON and
     both figures; returns the JSON."""
-    keys = [(d, m, w, s, float(r)) for d in config.sweep_datasets for m in config.modes for w in config.widths
-            for s in config.systems for r in config.rates[f"{m}{w}"]]
-    keys += [(d, m, w, "vllm", float(config.saving_rate[d])) for d in config.saving_datasets
-             for m in config.modes for w in config.widths]
+    series = [name for name, _, _ in series_of(config)]
+    mode_of = {name: mode for name, mode, _ in series_of(config)}
+    keys = [(d, x, w, s, float(r)) for d in config.sweep_datasets for x in series for w in config.widths
+            for s in config.systems for r in config.rates[f"{mode_of[x]}{w}"]]
+    keys += [(d, x, w, "vllm", float(config.saving_rate[d])) for d in config.saving_datasets
+             for x in series for w in config.widths]
     keys = list(dict.fromkeys(keys))  # a saving run may coincide with a sweep point
     prov = provenance(config, seed=config.seed, device=f"simulated {config.sim.tp}x {config.sim.gpu}")
     out = REPO_ROOT / config.output
     points = run_sweep(out, _settings(config), keys, _key, lambda k: run_point(config, *k), prov,
                        "parallel sampling / beam search", resume=resume)
-    saving = {d: {m: {str(w): next(p["memory_saving"] for p in points
-                                   if _key(p) == (d, m, w, "vllm", float(config.saving_rate[d])))
-                      for w in config.widths} for m in config.modes} for d in config.saving_datasets}
+    saving_points = {d: {x: {str(w): next(p for p in points if _key(p) == (d, x, w, "vllm", float(config.saving_rate[d])))
+                             for w in config.widths} for x in series} for d in config.saving_datasets}
+    saving = {d: {x: {w: p["memory_saving"] for w, p in by.items()} for x, by in xs.items()}
+              for d, xs in saving_points.items()}
+    branching = {d: {x: {w: {k: p[k] for k in BranchingMeter.KEYS} for w, p in by.items()}
+                     for x, by in xs.items() if x != "parallel"} for d, xs in saving_points.items()}
     sustained, thresholds = {}, {}
     for d in config.sweep_datasets:
-        for m in config.modes:
+        for x in series:
             for w in config.widths:
-                panel = [p for p in points if p["dataset"] == d and p["mode"] == m and p["width"] == w]
+                panel = [p for p in points if p["dataset"] == d and p["series"] == x and p["width"] == w]
                 threshold = config.latency_threshold_factor * min(p["normalized_latency"] for p in panel)
-                thresholds[f"{d}.{m}{w}"] = threshold
-                sustained[f"{d}.{m}{w}"] = sustained_rates(panel, config.systems, threshold)
-    result = {"points": points, "memory_saving": saving,
+                thresholds[f"{d}.{x}{w}"] = threshold
+                sustained[f"{d}.{x}{w}"] = sustained_rates(panel, config.systems, threshold)
+    result = {"points": points, "memory_saving": saving, "branching": branching,
               "sustained_rate": {k: {s: v["rate"] for s, v in by.items()} for k, by in sustained.items()},
               "sustained_rate_censored": {k: {s: v["censored"] for s, v in by.items()} for k, by in sustained.items()},
               "latency_threshold": thresholds, "total_wall_s": sum(p["wall_s"] for p in points),
@@ -186,14 +189,19 @@ def run(config: ParallelSamplingConfig, resume: bool = False) -> dict:
     write_json(out, result)
     figure = REPO_ROOT / config.figure
     for k, d in enumerate(config.sweep_datasets):  # the first dataset's panels go to `figure`
-        plot_latency(figure if k == 0 else figure.with_name(f"{figure.stem}_{d}.png"), points, config, d)
+        parallel_sampling_plots.latency(figure if k == 0 else figure.with_name(f"{figure.stem}_{d}.png"), points,
+                                        config, series, d)
     if saving:
-        plot_saving(REPO_ROOT / config.saving_figure, saving, config.widths)
-    for d, modes in saving.items():
-        for m, by_width in modes.items():
-            print(f"memory_saving.{d}.{m:<9} " + "  ".join(f"{w}: {v:5.1f}%" for w, v in by_width.items()))
+        parallel_sampling_plots.saving(REPO_ROOT / config.saving_figure, saving, config.widths)
+    for d, xs in saving.items():
+        for x, by_width in xs.items():
+            print(f"memory_saving.{d}.{x:<15} " + "  ".join(f"{w}: {v:5.1f}%" for w, v in by_width.items()))
+    for d, xs in branching.items():
+        for x, by_width in xs.items():
+            print(f"one_parent_steps.{d}.{x:<15} " + "  ".join(f"{w}: {v['one_parent_step_fraction']:.2f}"
+                                                                for w, v in by_width.items()))
     for key, by in result["sustained_rate"].items():
-        print(f"sustained_rate.{key:<16} " + "  ".join(f"{LABELS[s]}: {r:.2f}" for s, r in by.items()))
+        print(f"sustained_rate.{key:<22} " + "  ".join(f"{LABELS[s]}: {r:.2f}" for s, r in by.items()))
     print(f"total_wall_s {result['total_wall_s']:.1f}")
     return result
 

@@ -47,21 +47,48 @@ def system_curves(ax, points: list[dict], key: str, systems: list[str], ylabel: 
     ax.grid(alpha=0.3)
 
 
-def stacked_breakdown(path: str | Path, breakdown: dict[str, dict[str, float]], title: str) -> Path:
-    """Fig. 2: one stacked bar per system of the KV space's states, in percent."""
-    systems = list(breakdown)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(systems), 3.6))
-    bottom = np.zeros(len(systems))
-    for key, label, color in KV_STATES:
-        values = np.array([breakdown[s].get(key, 0.0) for s in systems])
-        ax.bar(range(len(systems)), values, bottom=bottom, color=color, label=label, edgecolor="k", lw=0.4)
-        for i, (v, b) in enumerate(zip(values, bottom)):
-            if v >= 4:
-                ax.text(i, b + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=7)
-        bottom += values
+# Fig. 13's two batch sizes (jpaged/metrics.py BatchOccupancyAccumulator): point key, axis label.
+BATCH_SIZES = (("requests_resident", "Requests resident in the KV cache"),
+               ("requests_per_step", "Requests per step"))
+
+
+def batch_size_panels(ax_resident, ax_per_step, points: list[dict], systems: list[str]) -> None:
+    """Fig. 13 both ways, one panel each, on one y scale: requests holding KV blocks while a step
+    runs, and requests with a token computed in the step (time-weighted averages over the run)."""
+    for ax, (key, label) in zip((ax_resident, ax_per_step), BATCH_SIZES):
+        system_curves(ax, points, key, systems, label)
+    top = max(ax_resident.get_ylim()[1], ax_per_step.get_ylim()[1])
+    for ax in (ax_resident, ax_per_step):
+        ax.set_ylim(0, top)
+
+
+def stacked_breakdown(path: str | Path, windows: dict[str, dict[str, dict[str, float]]], title: str) -> Path:
+    """Fig. 2: per system, one stacked bar of the KV space's states (percent) per averaging window.
+
+    `windows`: window label (e.g. "whole run", "steady state") -> system -> state -> percent; a
+    system missing from a window (its pool never filled) gets no bar there.
+    """
+    systems = list(next(iter(windows.values())))
+    width = 0.8 / len(windows)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(systems), 3.8))
+    for w, (window, breakdown) in enumerate(windows.items()):
+        x = np.arange(len(systems)) + (w - (len(windows) - 1) / 2) * width
+        bottom = np.zeros(len(systems))
+        shown = np.array([s in breakdown for s in systems])
+        for key, label, color in KV_STATES:
+            values = np.array([breakdown.get(s, {}).get(key, 0.0) for s in systems])
+            ax.bar(x[shown], values[shown], width=width * 0.95, bottom=bottom[shown], color=color, edgecolor="k",
+                   lw=0.4, hatch=".." if w else None, label=label if w == 0 else None)
+            for xi, v, b in zip(x[shown], values[shown], bottom[shown]):
+                if v >= 6:
+                    ax.text(xi, b + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=6)
+            bottom += values
+        for xi in x[shown]:
+            ax.text(xi, 101, window, ha="center", va="bottom", fontsize=5.5, rotation=90)
     ax.set_xticks(range(len(systems)), [LABELS[s] for s in systems], rotation=15, fontsize=8)
     ax.set_ylabel("KV cache space (%)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, 125)
+    ax.set_yticks(range(0, 101, 20))
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return save(fig, path)

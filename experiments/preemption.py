@@ -16,6 +16,7 @@ rate, simulated, with a KV pool small enough that requests get preempted.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 
@@ -24,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments import plots
-from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.common import REPO_ROOT, main, point_provenance, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.engine import LLMEngine
@@ -49,6 +50,9 @@ class PreemptionConfig:
         default_factory=lambda: ModelConfig(name="opt-125m", dtype="float32", attention_backend="xla"))
     seq_len: int = 512  # (a) tokens of the preempted sequence
     repeats: int = 5  # (a) timed calls per measurement; the minimum is reported
+    # (a) keep the real-executor rows of the output JSON (with the provenance of the run that measured
+    # them) instead of measuring again: rerun only the simulated half
+    keep_real: bool = False
     model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig(name="opt-13b"))  # (b), and (a)'s model
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)  # modeled GPU of (a)'s cost model and of (b)
     dataset: Dataset = "sharegpt"  # (b) request lengths
@@ -167,19 +171,35 @@ def plot(path, real: list[dict], model: list[dict], points: list[dict], config: 
     plots.save(fig, path)
 
 
+def kept_real(config: PreemptionConfig) -> tuple[list[dict], dict]:
+    """(a)'s rows and the provenance of the run that measured them, from the output JSON."""
+    path = REPO_ROOT / config.output
+    if not path.exists():
+        raise FileNotFoundError(f"keep_real: {path} does not exist; run with keep_real: false first")
+    previous = json.loads(path.read_text())
+    rows = [r for r in previous["real"] if r["block_size"] in config.block_sizes]
+    if sorted(r["block_size"] for r in rows) != sorted(config.block_sizes):
+        raise ValueError(f"keep_real: {path} measured block sizes {[r['block_size'] for r in previous['real']]}, "
+                         f"not all of {config.block_sizes}")
+    prov = previous.get("real_provenance") or previous["provenance"]
+    return sorted(rows, key=lambda r: config.block_sizes.index(r["block_size"])), prov
+
+
 def run(config: PreemptionConfig, resume: bool = False) -> dict:
     """Measures (a), runs the (b) sweep (under `resume`, only the points the output JSON lacks);
     writes the JSON and the figure; returns the JSON."""
-    real = [measure_real(config, b) for b in tqdm(config.block_sizes, desc="swap / recompute (real)")]
-    model = [modeled(config, b) for b in config.block_sizes]
     prov = provenance(config, seed=config.seed)
+    real, real_prov = kept_real(config) if config.keep_real else (
+        [measure_real(config, b) for b in tqdm(config.block_sizes, desc="swap / recompute (real)")], prov)
+    model = [modeled(config, b) for b in config.block_sizes]
     settings = config_to_dict(config)
-    for key in ("block_sizes", "real_model", "seq_len", "repeats", "output", "figure"):
+    for key in ("block_sizes", "real_model", "seq_len", "repeats", "keep_real", "output", "figure"):
         settings.pop(key)
     keys = [(m, b) for b in config.block_sizes for m in ("recompute", "swap")]
     points = run_sweep(REPO_ROOT / config.output, settings, keys, lambda p: (p["mode"], p["block_size"]),
                        lambda k: run_serving_point(config, *k), prov, "swap vs recompute (simulated)", resume=resume)
-    result = {"real": real, "real_device": prov.get("device"), "modeled": model,
+    result = {"real": real, "real_device": real_prov.get("device"), "real_provenance": point_provenance(real_prov),
+              "modeled": model,
               "modeled_gpu": config.sim.gpu, "points": points, "settings": settings, "provenance": prov}
     write_json(REPO_ROOT / config.output, result)
     plot(REPO_ROOT / config.figure, real, model, points, config)

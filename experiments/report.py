@@ -3,8 +3,8 @@
 Each section puts our table and figure (the PNG beside REPORT.md, embedded) beside the paper's
 claim, the command that made them, and a sentence on where ours agrees or differs and why. A
 section whose JSON is missing says so and how to make it. The prose that explains differences
-lives in report_sections.py, report_sharing.py and report_ablations.py; any number it cites is
-read from the results.
+lives in report_sections.py, report_simulator.py, report_throughput.py, report_sharing.py and
+report_ablations.py; any number it cites is read from the results.
 
     python -m experiments.report            # rewrite results/REPORT.md from results/*.json
 """
@@ -16,13 +16,15 @@ import json
 from pathlib import Path
 
 from experiments.common import REPO_ROOT
-from experiments.report_ablations import kernel_and_block_size, preemption
-from experiments.report_sections import (Figures, header, host_and_real_engine, memory_waste, provenance, real_executor,
-                                         throughput)
+from experiments.report_ablations import chunked_prefill, kernel_and_block_size, preemption
+from experiments.report_sections import Figures, header, host_and_real_engine, memory_waste, provenance, real_executor
 from experiments.report_sharing import chatbot, parallel_sampling, shared_prefix
+from experiments.report_simulator import figure_moves, sim_validation
+from experiments.report_throughput import throughput
 
-SECTIONS = (header, memory_waste, throughput, real_executor, parallel_sampling, shared_prefix, chatbot,
-            kernel_and_block_size, preemption, host_and_real_engine, provenance)
+SECTIONS = (header, sim_validation, figure_moves, memory_waste, throughput, real_executor, parallel_sampling,
+            shared_prefix, chatbot, kernel_and_block_size, preemption, chunked_prefill, host_and_real_engine,
+            provenance)
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:

@@ -1,7 +1,9 @@
 """The sections of results/REPORT.md: each takes every loaded result (file stem -> JSON) and the
 report's `Figures`, and returns its markdown. Numbers are read from the results; the prose says
-why they differ. This module: the shared helpers, Fig. 2, Figs. 12/13 and the engine's speed;
-report_sharing.py: Figs. 14-17; report_ablations.py: Figs. 18-19."""
+why they differ. This module: the shared helpers, Fig. 2, the engine's speed and host overhead;
+report_simulator.py: the simulator against measurements, and which figures moved;
+report_throughput.py: Figs. 12/13; report_sharing.py: Figs. 14-17; report_ablations.py: Figs. 18-19
+and chunked prefill."""
 
 from __future__ import annotations
 
@@ -54,6 +56,18 @@ def span(values: list[float], fmt: str = "{:.1f}", unit: str = "") -> str:
     return (fmt.format(lo) + unit) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}{unit}"
 
 
+def against(values: dict[str, float], lo: float, hi: float, fmt: str = "{:.1f}") -> str:
+    """Each labelled value placed against the paper's range [lo, hi], value by value (never a
+    range against a range): "2 of 3 within 1.7–2.7 (a 1.8, b 2.1); below: c 1.3"."""
+    inside = {k: v for k, v in values.items() if lo <= v <= hi}
+    below = {k: v for k, v in values.items() if v < lo}
+    above = {k: v for k, v in values.items() if v > hi}
+    show = lambda d: ", ".join(f"{k} {fmt.format(v)}" for k, v in d.items())  # noqa: E731
+    parts = [f"{len(inside)} of {len(values)} within {fmt.format(lo)}–{fmt.format(hi)}" + (f" ({show(inside)})" if inside else "")]
+    parts += [f"below: {show(below)}"] * bool(below) + [f"above: {show(above)}"] * bool(above)
+    return "; ".join(parts)
+
+
 def finished(results: dict, stem: str, key: str) -> dict | None:
     """The result `stem` if its run finished (it has `key`; a sweep in progress holds only points)."""
     r = results.get(stem)
@@ -76,100 +90,62 @@ why the two differ. This file is generated: `python -m experiments.report` (or
 `python -m experiments.reproduce_all`) rewrites it from the JSON results beside it, so every number
 below comes from a committed result; file names without a folder are beside this file, and the last
 section lists which runs (git sha, date) computed each file's points. All serving figures are
-**simulated** unless a section says otherwise: the scheduler, block manager and baseline allocators run for real; only step times
-come from the roofline cost model (`jpaged/sim/cost_model.py`, datasheet A100 numbers, efficiency
-factors not fitted to the paper). Systems are built by `jpaged/systems.py`. Sustained rate = where
-normalized latency crosses 4× the sweep's lowest, interpolated (`+`: still under it at the
-highest rate swept; `−`: over it at the lowest)."""
+**simulated** unless a section says otherwise: the scheduler, block manager and baseline allocators run for
+real; only step times come from the cost model (`jpaged/sim/cost_model.py`), whose constants are fitted on
+measurements of vLLM on A100 GPUs, never on the paper's figures (next section). Systems are built by
+`jpaged/systems.py`; every paper-figure config runs the paper's scheduler (`scheduler.policy: paper`).
+Sustained rate = where normalized latency crosses 4× the sweep's lowest, interpolated (`+`: still under it at
+the highest rate swept; `−`: over it at the lowest). Agreement sentences place each of our values against the
+paper's range, value by value."""
 
 
 def memory_waste(results: dict, figures: Figures) -> str:
     head = "## Fig. 2 — KV cache memory waste\n\nClaim (§1, Fig. 2): existing systems store token states in only " \
-           "20.4%–38.2% of the KV cache; vLLM wastes under 4%.\n\n"
+           "20.4%–38.2% of the KV cache; vLLM wastes under 4% (averages over the §6.2 experiment).\n\n"
     r = results.get("memory_waste")
     if r is None:
         return head + not_run("memory_waste")
-    rows = ["| system | token states | reserved | internal frag. | external frag. | free |", "|---|---|---|---|---|---|"]
-    for system, v in r["systems"].items():
-        rows.append(f"| {LABELS[system]} | " + " | ".join(f"{v[k]:.1f}" for k in
-                                                          ("token_states", "reserved", "internal", "external", "free")) + " |")
-    orca = [v["token_states"] for s, v in r["systems"].items() if s != "vllm"]
-    v = r["systems"].get("vllm", {})
-    waste = v.get("reserved", 0.0) + v.get("internal", 0.0)
+    steady = r.get("steady_state", {})
+    runs = r.get("runs", {})
+    rows = ["| system | window | token states | reserved | internal frag. | external frag. | free | warm-up (s) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for system, whole in r["systems"].items():
+        for window, v in (("whole run", whole), ("steady state", steady.get(system))):
+            if v is None:
+                continue
+            warm = runs.get(system, {}).get("warmup_s")
+            rows.append(f"| {LABELS[system]} | {window} | " + " | ".join(
+                f"{v[k]:.1f}" for k in ("token_states", "reserved", "internal", "external", "free"))
+                + f" | {'' if warm is None else f'{warm:.0f}'} |")
+    orca = {LABELS[s]: v["token_states"] for s, v in r["systems"].items() if s != "vllm"}
+    orca_steady = {LABELS[s]: v["token_states"] for s, v in steady.items() if s != "vllm"}
+    waste = {w: v["reserved"] + v["internal"] for w, v in (("whole run", r["systems"].get("vllm")),
+                                                          ("steady state", steady.get("vllm"))) if v is not None}
     cfg = r["provenance"]["config"]
     return head + f"""Command: {command("memory_waste")}. Setup: {cfg["model"]["name"]}, {cfg["sim"]["tp"]}× {cfg["sim"]["gpu"]},
 {cfg["dataset"]} at {cfg["request_rate"]} req/s for {cfg["duration_s"]:.0f} simulated seconds, the same trace for every
-system; time-averaged percent of the slot space (`memory_waste.json`).
+system; time-averaged percent of the slot space (`memory_waste.json`) in two windows (`jpaged/metrics.py`):
+*whole run* = every executed step, weighted by its duration; *steady state* = from the first step during which
+the pool was full (a preemption, or a waiting request held back for lack of KV memory) to the end, leaving out
+the warm-up while the pool first fills (its length is the last column).
 
 {chr(10).join(rows)}
 
-{figures(("memory_waste.png", "Fig. 2: KV slot breakdown per system"),
+{figures(("memory_waste.png", "Fig. 2: KV slot breakdown per system, whole run and steady state"),
          ("memory_waste_pool.png", "The block pool over a window of the run: which request owns each block"))}
 
-Agreement: token states span {span(orca)}% for the Orca variants (paper 20.4%–38.2%), and vLLM wastes
-{waste:.1f}% (reserved + internal; paper < 4%). Definitions (`jpaged/kv_usage.py`): a sequence writes K/V for
+Agreement, per value: Orca token states, whole run: {against(orca, 20.4, 38.2)}; steady state:
+{against(orca_steady, 20.4, 38.2)} (paper 20.4–38.2%). vLLM's waste (reserved + internal): """ + "; ".join(
+        f"{w} {x:.1f}%" for w, x in waste.items()) + f""" (paper < 4%). Definitions (`jpaged/kv_usage.py`): a sequence writes K/V for
 its first final_len − 1 positions; *reserved* = allocated slots it will still write, *internal* = allocated
 slots nobody will write (Orca's over-reservation and the buddy's rounding; vLLM's slots of a sequence's final
 block past its end), *external* = free slots in buddy blocks smaller than the region the head of the waiting
 queue needs. vLLM's waste is the unfilled tail of each sequence's current last block, which that sequence will
 still fill; its free share is the admission watermark plus the gap left when the next request needs more blocks
-than are free — not fragmentation, since any free block serves any request. Orca's external fragmentation is
-similar for every policy: the pool is not a multiple of the largest region, and the remainder serves no
-maximum-length reservation."""
-
-
-def throughput(results: dict, figures: Figures) -> str:
-    head = ("## Figs. 12 and 13 — normalized latency and batch size vs request rate\n\nClaim: vLLM sustains 2–4× the "
-            "request rate of FasterTransformer and Orca at similar latency (abstract); 1.7–2.7× over Orca (Oracle) and "
-            "2.7–8× over Orca (Max) on ShareGPT, up to 22× over FasterTransformer, a smaller advantage on Alpaca, "
-            "smallest for OPT-175B (§6.2, our reading).\n\n")
-    rows = ["| panel (command: `python -m experiments.throughput --config <config>`) | trace | vLLM | "
-            "Orca Oracle | Orca Pow2 | Orca Max | FT | wall |", "|---|---|---|---|---|---|---|---|---|"]
-    ratios: dict[str, list[float]] = {"orca_oracle": [], "orca_max": [], "batch": []}
-    for stem, label in PANELS:
-        r = results.get(stem)
-        if r is None:
-            rows.append(f"| {label} (`configs/{stem}.yaml`) | not run yet | | | | | | |")
-            continue
-        rates, cens = r["sustained_rate"], r["sustained_rate_censored"]
-        v = rates["vllm"]
-        cells = [rate_cell(v, cens["vllm"])] + [f"{rate_cell(rates[s], cens[s])} ({v / rates[s]:.2f}×)" if s in rates else ""
-                                            for s in (*ORCAS, "fastertransformer")]
-        minutes = r["provenance"]["config"]["duration_s"] / 60
-        trace = f"{minutes / 60:.0f} h" if minutes >= 60 else f"{minutes:.0f} min"
-        rows.append(f"| {label} (`configs/{stem}.yaml`) | {trace} | " + " | ".join(cells) + f" | {r['total_wall_s']:.0f} s |")
-        if "sharegpt" in stem:
-            for s in ("orca_oracle", "orca_max"):
-                ratios[s].append(v / rates[s])
-            batch = {s: max(p["avg_batched_requests"] for p in r["points"] if p["system"] == s) for s in ("vllm", "orca_max")}
-            ratios["batch"].append(batch["vllm"] / batch["orca_max"])
-    agree = (f"on ShareGPT vLLM beats Orca (Oracle) by {span(ratios['orca_oracle'])}× and Orca (Max) by "
-             f"{span(ratios['orca_max'])}×, and at saturation batches {span(ratios['batch'])}× more requests than "
-             "Orca (Max) (Fig. 13: the baselines' batch curves flatten where their memory runs out); the advantage "
-             "shrinks on Alpaca and is smallest for OPT-175B, as in the paper." if ratios["orca_max"] else "no ShareGPT panel yet.")
-    return head + "\n".join(rows) + f"""
-
-Figures, one per panel (left: Fig. 12, normalized latency; right: Fig. 13, average batched requests),
-from `<config>.json` beside this file. Each point's JSON entry also holds vLLM's benchmark metrics (TTFT,
-TPOT, E2E percentiles), throughputs, preemptions, its wall time and its provenance.
-
-{figures(*((f"{stem}.png", f"Figs. 12/13: {label}") for stem, label in PANELS))}
-
-Agreement: {agree}
-Differences and why:
-- Our absolute rates are higher than the paper's plots: the roofline cost model has no kernel inefficiencies
-  beyond its efficiency factors and no Python/runtime overhead of 2023 vLLM, so steps are faster.
-- Where memory is abundant (OPT-175B), Orca (Oracle)'s exact reservations already fit large batches and the
-  model is compute-bound sooner in our cost model, so the gap is below the paper's range.
-- FasterTransformer and Orca (Max) ratios on Alpaca are larger than the paper's: with short requests,
-  reserving 2048 slots each limits them to a handful of requests, while we model FT as the same engine with
-  request-level batching, not FT's faster fused kernels.
-- OPT-175B Alpaca is compute-bound: a baseline's smaller admitted batch may queue new requests instead of
-  slowing every running one, so its latency can dip below vLLM's past the knee.
-- FasterTransformer's curve is not monotone at the lowest rates: a request arriving during a batch waits for
-  the whole batch, so its latency depends on which batch it hits.
-- Traces are shorter than the paper's 1 h except OPT-13B ShareGPT (wall-time budget here); above the knee
-  latency grows with trace length, so the knee is slightly softer."""
+than are free — not fragmentation, since any free block serves any request""" + (
+        f"; leaving out the warm-up, it is {steady['vllm']['free']:.1f}% instead of {r['systems']['vllm']['free']:.1f}%"
+        if "vllm" in steady and "vllm" in r["systems"] else "") + """. Orca's external fragmentation is similar for every policy: the pool is not a multiple of
+the largest region, and the remainder serves no maximum-length reservation."""
 
 
 def real_executor(results: dict, figures: Figures) -> str:
@@ -200,11 +176,19 @@ def host_and_real_engine(results: dict, figures: Figures) -> str:
     if b is None:
         out += not_run("bench_host") + "\n\n"
     else:
-        out += (f"{command('bench_host')}: {b['num_requests']:,} ShareGPT-shaped requests at once at the OPT-13B / A100-40GB "
-                f"budget, no model, prefix caching and swap on: {b['steps']:,} steps, {b['seq_steps']:,} sequence-steps, "
-                f"**{b['us_per_seq_step']:.2f} µs per sequence-step** (target <= {b['target_us_per_seq_step']:.1f}), "
-                f"{b['num_preemptions']:,} preemptions; scheduler, block manager, StepPlan arrays and token bookkeeping "
-                "together.\n\n")
+        runs = b.get("runs") or [{**b, "policy": "(one run, before the two policies)"}]  # older files: one run
+        rows = ["| policy | steps | sequence-steps | wall µs / sequence-step | CPU µs / sequence-step | preemptions |",
+                "|---|---|---|---|---|---|"]
+        for run in runs:
+            cpu = run.get("cpu_us_per_seq_step")
+            rows.append(f"| {run['policy']} | {run['steps']:,} | {run['seq_steps']:,} | {run['us_per_seq_step']:.2f} | "
+                        f"{'—' if cpu is None else f'{cpu:.2f}'} | {run['num_preemptions']:,} |")
+        out += (f"{command('bench_host')}: {b['num_requests']:,} ShareGPT-shaped requests at once at the OPT-13B / "
+                "A100-40GB budget, no model, prefix caching and swap on; the scheduler, block manager, StepPlan arrays "
+                "and token bookkeeping together, per scheduling policy:\n\n" + "\n".join(rows) + "\n\n")
+    peer = results.get("bench_host_peer")
+    if peer is not None:
+        out += _peer(peer) + "\n\n"
     r = results.get("serve_real")
     if r is None:
         return out + not_run("serve_real")
@@ -220,6 +204,32 @@ def host_and_real_engine(results: dict, figures: Figures) -> str:
                   "rows static batching keeps computing after their request ended and from its smaller batches.")
 
 
+def _peer(peer: dict) -> str:
+    """bench_host_peer's interleaved comparison with nano-vllm's scheduler: CPU time per sequence-step."""
+    summary = peer["summary"]
+    sizes = sorted({int(k.split("@")[1]) for k in summary})
+    engines = [e for e in dict.fromkeys(k.split("@")[0] for k in summary) if e != "nanovllm"]
+    rows = ["| block size | nano-vllm (CPU µs) | " + " | ".join(f"{e} (CPU µs, ratio)" for e in engines) + " |",
+            "|---|---|" + "---|" * len(engines)]
+    faster = []
+    for size in sizes:
+        cells = [f"{summary[f'nanovllm@{size}']['cpu_us_per_seq_step']:.2f}"]
+        for e in engines:
+            row = summary.get(f"{e}@{size}")
+            cells.append("—" if row is None else f"{row['cpu_us_per_seq_step']:.2f} ({row['cpu_ratio']:.2f}×)")
+            if row is not None:
+                faster.append(row["cpu_ratio"] < 1)
+        rows.append(f"| {size} | " + " | ".join(cells) + " |")
+    load = ", ".join(f"{x:.1f}" for x in peer.get("load_average", []))
+    cfg = peer["provenance"]["config"]
+    return (f"{command('bench_host_peer')}: the same trace through nano-vllm's Scheduler + BlockManager "
+            f"(../shared/bench, outside this repository) and through jpaged, {cfg['rounds']} interleaved rounds of "
+            f"fresh processes per block size, medians of the per-round ratios (jpaged / nano-vllm, CPU time per "
+            f"sequence-step; load average {load}):\n\n" + "\n".join(rows)
+            + f"\n\njpaged is faster than the peer in {sum(faster)} of {len(faster)} cells (target: all, with prefix "
+              "caching on).")
+
+
 def provenance(results: dict, figures: Figures) -> str:
     """Per result file: the runs that computed it, from its points' own provenance where they carry
     one (points kept by `--resume` keep theirs), else the file's (one run for the whole file)."""
@@ -229,7 +239,10 @@ def provenance(results: dict, figures: Figures) -> str:
         stamps = [p["provenance"] for p in r.get("points", []) + r.get("rows", []) if "provenance" in p]
         runs = Counter((s.get("git_sha", "?")[:12], s.get("date", "?")[:10]) for s in stamps or [prov])
         who = ", ".join(f"`{sha}` {date}" + (f": {n}" if stamps else " (file)") for (sha, date), n in runs.items())
+        real = r.get("real_provenance")  # preemption's real-executor rows, kept from an earlier run
+        if real:
+            who += f"; its real-executor rows: `{real.get('git_sha', '?')[:12]}` {real.get('date', '?')[:10]} on {real.get('device', '?')}"
         rows.append(f"| `{stem}.json` | {who} | {prov.get('device', '?')} | {prov.get('jax', prov.get('jax_version', '?'))} |")
-    return ("## Provenance\n\n" + "\n".join(rows) + "\n\n(file): the file's points carry no provenance of their "
-            "own (written before they did); the sha and date are its last writer's, which may have kept points "
-            "computed by earlier runs.")
+    return ("## Provenance\n\n" + "\n".join(rows) + "\n\n(file): the file carries no per-point provenance; the sha "
+            "and date are those of the run that wrote it, which, for a sweep written before points carried their own, "
+            "may have kept points computed by earlier runs.")

@@ -1,5 +1,5 @@
 """Machinery shared by the serving sweeps of Figs. 12-19: one measured point, a resumable sweep,
-and the memory-saving meter of Fig. 15.
+the memory-saving meter of Fig. 15 and the beam-branching meter beside it.
 
 A sweep is a list of points (dicts) keyed by a tuple of their fields (e.g. system, rate, width).
 Each point carries the provenance of the run that computed it (`point["provenance"]`: git sha,
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from experiments.common import point_provenance, write_json
 from jpaged.block_manager import BlockManager
-from jpaged.engine import LLMEngine
+from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.metrics import summarize_requests
 from jpaged.trace_runner import TraceResult
 
@@ -121,3 +121,38 @@ class SharingMeter:
     def saving(self) -> float:
         """Fraction of blocks saved by sharing over the run (0 when nothing ran)."""
         return 1.0 - self.used_s / self.unshared_s if self.unshared_s else 0.0
+
+
+class BranchingMeter(EngineObserver):
+    """Engine observer: where beam search branches. At every beam step after the first (the first
+    forks a prompt into its beams), the width new beams of a group descend from some number P of
+    distinct live beams; each parent with k children forks k - 1 times, so P = width - new forks.
+    P = 1 is a collapse (every beam continues one parent: the others' blocks are freed and the
+    survivors share the most); P = width means every beam kept exactly one child."""
+
+    KEYS = ("mean_parents_per_step", "one_parent_step_fraction", "beam_steps")
+
+    def __init__(self) -> None:
+        self._before: dict[int, tuple] = {}  # id(group) -> (group, num_forks) at the step's start
+        self.parents: list[int] = []  # P of every measured beam step
+
+    def on_step_executed(self, engine, out, result, start, end) -> None:
+        """Notes the fork count of every beam group that samples past its first token in this step."""
+        rows = out.plan.sampling
+        self._before = {} if rows is None else {
+            id(s.group): (s.group, s.group.num_forks) for s in rows.seqs
+            if s.group.sampling_params.use_beam_search and s.num_output_tokens > 0}
+
+    def on_step_end(self, engine, out, outputs, end) -> None:
+        """Counts each noted group's distinct parents from the forks the step made."""
+        for group, forks in self._before.values():
+            self.parents.append(group.sampling_params.n - (group.num_forks - forks))
+        self._before = {}
+
+    def summary(self) -> dict[str, float]:
+        """{mean distinct parents per beam step, fraction of beam steps with one parent, beam steps}."""
+        parents = np.asarray(self.parents, np.float64)
+        if parents.size == 0:
+            return {"mean_parents_per_step": 0.0, "one_parent_step_fraction": 0.0, "beam_steps": 0}
+        return {"mean_parents_per_step": float(parents.mean()), "one_parent_step_fraction": float((parents == 1).mean()),
+                "beam_steps": int(parents.size)}

@@ -2,7 +2,8 @@
 
 For each system and request rate, a Poisson trace (the same trace for every system at a rate)
 runs through that system's engine; the point records the paper's normalized latency, vLLM's
-benchmark metrics and the average batch size. The sustained rate of a system is where its
+benchmark metrics and both batch sizes of Fig. 13 (jpaged/metrics.py BatchOccupancyAccumulator:
+requests resident in the KV cache, and requests per step). The sustained rate of a system is where its
 normalized latency crosses `latency_threshold_factor` times the lowest normalized latency of the
 sweep (the unloaded per-token latency): linear interpolation between the last rate under it and
 the first over it. A plain run computes every point; `--resume` keeps the points of the output
@@ -120,16 +121,17 @@ def _settings(config: ThroughputConfig) -> dict:
 
 
 def plot(path: Path, points: list[dict], config: ThroughputConfig, threshold: float) -> Path:
-    """Normalized latency (Fig. 12) and average batched requests (Fig. 13) against request rate."""
-    fig, (ax_lat, ax_batch) = plt.subplots(1, 2, figsize=(9, 3.4))
+    """Normalized latency (Fig. 12) and the two batch sizes of Fig. 13 against request rate."""
+    fig, (ax_lat, ax_res, ax_step) = plt.subplots(1, 3, figsize=(13, 3.4))
     low = min(p["normalized_latency"] for p in points)
     plots.system_curves(ax_lat, points, "normalized_latency", config.systems, "Normalized latency (s/token)",
                         ymax=max(10 * low, 1.5 * threshold))
     ax_lat.axhline(threshold, color="k", ls=":", lw=0.8, label="sustained threshold")
     ax_lat.legend(fontsize=7)
-    plots.system_curves(ax_batch, points, "avg_batched_requests", config.systems, "Avg. batched requests")
+    plots.batch_size_panels(ax_res, ax_step, points, config.systems)
     where = f"{config.sim.tp}x {config.sim.gpu}" if config.executor == "sim" else "real model (jax)"
     fig.suptitle(f"{config.model.name} on {where}, {config.dataset}, {config.duration_s:.0f} s traces", fontsize=9)
+    fig.tight_layout()
     return plots.save(fig, path)
 
 

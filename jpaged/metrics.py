@@ -204,10 +204,12 @@ class KVUsageAccumulator:
         scale = 100.0 / (seconds * self.total_slots)
         token, reserved, internal, external = (s * scale for s in sums)
         return {"token_states_pct": token, "reserved_pct": reserved, "internal_frag_pct": internal,
-                "external_frag_pct": external, "free_pct": 100.0 - token - reserved - internal - external}
+                "external_frag_pct": external,
+                "free_pct": max(0.0, 100.0 - token - reserved - internal - external)}  # no -1e-13 from rounding
 
     def percentages(self) -> dict[str, float]:
-        """Whole-run time-averaged percent of all slots in each state; the five values sum to 100."""
+        """Whole-run time-averaged percent of all slots in each state; the five values sum to 100
+        (up to float rounding)."""
         if self._sums.whole_s <= 0:
             raise ValueError("no step with a positive duration was recorded")
         return self._percentages(self._sums.whole, self._sums.whole_s)

@@ -12,7 +12,11 @@ executors, cost model) is shared, so comparisons isolate memory management:
 | fastertransformer | request-level    | contiguous, reserves max_model_len             | contiguous       |
 
 Under simulation the baselines' decode attention is timed without the paged kernel's overhead
-(`CostModelConfig.paged_attention_overhead`), since they read contiguous KV.
+(`CostModelConfig.paged_attention_overhead`), since they read contiguous KV. Host (CPU) work per
+step: vLLM and the Orca variants (the paper's reimplementations in vLLM's Python engine) pay the
+measured vLLM line (`jpaged/sim/vidur_a100_fit.json`); FasterTransformer is a C++ runtime whose
+decode loop launches its kernels asynchronously, ahead of the GPU, so by default it pays none
+(`SimConfig.fastertransformer_host_overhead`; docs/ARCHITECTURE.md, "Simulator constants").
 """
 
 from __future__ import annotations
@@ -42,10 +46,19 @@ class SimConfig:
     tp: int = 1  # tensor-parallel GPUs (Megatron); the KV pool is the per-GPU pool's block ids
     dtype: Literal["float16", "bfloat16", "float32"] = "float16"  # modeled weight and KV dtype (paper: FP16)
     cost: CostModelConfig = dataclasses.field(default_factory=CostModelConfig)  # efficiencies, overheads
+    # FasterTransformer's host seconds per step: none (a C++ loop that runs ahead of the GPU) or
+    # vllm (the measured Python line every other system pays; a sensitivity setting)
+    fastertransformer_host_overhead: Literal["none", "vllm"] = "none"
+    # Beam candidates: null = seeded random (synthetic_candidates); a path (.npz, relative to the
+    # working directory) = a trained model's recorded beam search, replayed (executors/sim.py BeamReplay)
+    beam_trace: str | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"sim.tp must be >= 1, got {self.tp}")
+        if self.fastertransformer_host_overhead not in ("none", "vllm"):
+            raise ValueError(f"sim.fastertransformer_host_overhead must be 'none' or 'vllm', "
+                             f"got {self.fastertransformer_host_overhead!r}")
 
 
 def check_system(system: str) -> None:
@@ -71,13 +84,16 @@ def make_scheduler(system: str, config: EngineConfig) -> Scheduler:
 
 def make_sim_executor(system: str, config: EngineConfig, sim: SimConfig):
     """A SimExecutor for `system` on the modeled hardware (contiguous kernels for the baselines)."""
-    from jpaged.executors.sim import SimExecutor
+    from jpaged.executors.sim import SimExecutor, load_beam_replay
     from jpaged.models.presets import get_preset
 
     check_system(system)
     cost = sim.cost if system == "vllm" else dataclasses.replace(sim.cost, paged_attention_overhead=1.0)
+    if system == "fastertransformer" and sim.fastertransformer_host_overhead == "none":
+        cost = dataclasses.replace(cost, host_overhead_s=0.0, host_overhead_per_seq_s=0.0)
+    candidates = None if sim.beam_trace is None else load_beam_replay(str(sim.beam_trace))
     return SimExecutor(get_preset(config.model.name), cost, gpu=sim.gpu, tp=sim.tp, dtype=sim.dtype,
-                       block_size=config.cache.block_size)
+                       block_size=config.cache.block_size, candidates=candidates)
 
 
 def build_engine(system: str, config: EngineConfig, sim: SimConfig | None = None) -> LLMEngine:

@@ -27,6 +27,13 @@ def _fixture_results():
                               "model": {"name": "llama-13b"}, "sim": {"tp": 1, "gpu": "a100-40gb"}, "executor": "sim",
                               "input_median": 24.0, "output_ratio": 1.2}}},
         "parallel_sampling": {"points": [{"dataset": "alpaca"}]},  # a sweep still in progress
+        "bench_host": {"num_requests": 10, "runs": [
+            {"policy": "paper", "steps": 5, "seq_steps": 50, "us_per_seq_step": 2.5, "cpu_us_per_seq_step": 2.25,
+             "num_preemptions": 1}]},
+        "bench_host_peer": {"summary": {"nanovllm@16": {"cpu_us_per_seq_step": 2.0, "us_per_seq_step": 2.1},
+                                        "jpaged-paper@16": {"cpu_us_per_seq_step": 1.5, "us_per_seq_step": 1.6,
+                                                            "cpu_ratio": 0.75, "wall_ratio": 0.76}},
+                            "load_average": [3.0, 3.1, 3.2], "provenance": {"config": {"rounds": 3}}},
     }
 
 
@@ -36,16 +43,49 @@ def test_report_numbers_come_from_the_results(tmp_path):
     path = report.write_report(tmp_path)
     text = path.read_text()
     assert path == tmp_path / "REPORT.md"
-    assert "| vLLM | 95.0 | 2.5 | 0.5 | 0.0 | 2.0 |" in text
-    assert "vLLM wastes\n3.0%" in text or "vLLM wastes 3.0%" in text.replace("\n", " ")
+    assert "| vLLM | whole run | 95.0 | 2.5 | 0.5 | 0.0 | 2.0 |  |" in text
+    assert "(reserved + internal): whole run 3.0%" in text.replace("\n", " ")
     assert "Sustained rates (req/s): vLLM 1.20; Orca (Oracle) 0.60" in text
-    assert "vLLM sustains 2.00–2.40× the Orca variants' rates" in text
+    assert "vLLM / Orca: Orca (Oracle) 2.00×, Orca (Pow2) 2.00×, Orca (Max) 2.40× (paper: 2×)" in text
     assert "| 80 | 30.00+ | 20.00 | 1.50× | 70% |" in text
     # Missing or unfinished results say how to make them.
     assert "*Not run yet: `python -m experiments.parallel_sampling --config configs/parallel_sampling.yaml`.*" in text
     assert "*Not run yet: `python -m experiments.preemption" in text
     assert text.count("## ") >= 9
     assert "PAPER.md" not in text and "Kwon et al." in text
+    assert "| paper | 5 | 50 | 2.50 | 2.25 | 1 |" in text  # bench_host: one row per policy
+    assert "| 16 | 2.00 | 1.50 (0.75×) |" in text and "faster than the peer in 1 of 1 cells" in text
+    # Agreement is per value: Orca (Max)'s 21.0 lies inside the paper's 20.4-38.2 range.
+    assert "1 of 1 within 20.4–38.2 (Orca (Max) 21.0)" in text
+
+
+def test_against_places_each_value():
+    from experiments.report_sections import against
+
+    assert against({"a": 1.8, "b": 1.2, "c": 3.0}, 1.7, 2.7, "{:.2f}") == \
+        "1 of 3 within 1.70–2.70 (a 1.80); below: b 1.20; above: c 3.00"
+    assert against({"a": 2.0}, 1.7, 2.7) == "1 of 1 within 1.7–2.7 (a 2.0)"
+
+
+def test_fig13_and_figure_moves_sections(tmp_path):
+    from experiments.report_simulator import figure_moves
+    from experiments.report_throughput import throughput
+
+    point = lambda system, rate, res, step: {"system": system, "request_rate": rate, "requests_resident": res,  # noqa: E731
+                                             "requests_per_step": step, "normalized_latency": 0.1}
+    results = {"throughput_opt13b_sharegpt": {"points": [point("orca_max", 2.0, 7.0, 6.8), point("vllm", 2.0, 28.0, 25.0)]},
+               "figure_moves": {"before": {"rev": "a" * 40}, "rows": [
+                   {"quantity": "Fig. 17 vLLM sustained (req/s)", "before": 1.0, "attribution": None, "after": 0.5}],
+                   "old_cost_model": {"rev": "fe10aba", "rows": [
+                       {"model": "opt-13b", "kind": "decode", "batch": 8, "ratio": 1.01, "fitted_ratio": 1.2},
+                       {"model": "opt-13b", "kind": "decode", "batch": 128, "ratio": 1.02, "fitted_ratio": 2.0},
+                       {"model": "opt-13b", "kind": "prompt", "batch": 1, "ratio": 1.04, "fitted_ratio": 1.1}]}}}
+    text = throughput(results, report.Figures(tmp_path))
+    assert "| ShareGPT 2 req/s | Orca (Max) | 7.00 | 7.00 (+0.0%) | 6.80 (-2.9%) | resident |" in text
+    assert "Requests resident is the closer count for 2 of 2 bars" in text and "The Orca (Max) bars decide it" in text
+    moves = figure_moves(results, report.Figures(tmp_path))
+    assert "| Fig. 17 vLLM sustained (req/s) | 1.00 | 0.50 | -50% |" in moves
+    assert "1 of 1 quantities moved by more than 10%" in moves
 
 
 def test_figures_are_embedded_where_the_png_exists(tmp_path):

@@ -1,5 +1,6 @@
 """Smoke runs of the Fig. 14-19 experiments on tiny configs, and memory saving on a hand-built case."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -29,18 +30,34 @@ def test_conversation_rounds_grow_and_are_cut():
     assert (prompts == 1024).mean() > 0.2  # long histories reach the cut
 
 
+def _beam_trace(path, width=2, traces=2, steps=6, seed=0):
+    """A BeamReplay file of random descending candidates (a stand-in for a recorded model)."""
+    rng = np.random.default_rng(seed)
+    logprobs = -np.cumsum(rng.exponential(0.5, (traces, steps, width, 2 * width)), axis=-1)
+    np.savez(path, **{f"ids_{width}": rng.integers(4, 100, logprobs.shape), f"logprobs_{width}": logprobs})
+    return path
+
+
 def test_parallel_sampling_tiny(tmp_path, capsys):
     config = parallel_sampling.ParallelSamplingConfig(
         widths=[2], systems=["vllm", "orca_oracle"], rates={"parallel2": [2.0], "beam2": [2.0]},
         saving_rate={"alpaca": 2.0, "sharegpt": 3.0}, duration_s=10.0,
+        beam_trace=str(_beam_trace(tmp_path / "beams.npz")),
         output=str(tmp_path / "ps.json"), figure=str(tmp_path / "ps.png"), saving_figure=str(tmp_path / "s.png"))
     result = parallel_sampling.run(config)
     assert set(result["memory_saving"]) == {"alpaca", "sharegpt"}
-    beam, parallel = (result["memory_saving"]["alpaca"][m]["2"] for m in ("beam", "parallel"))
-    assert 0 <= parallel < beam < 100  # beams share far more than samples of one prompt
+    saving = result["memory_saving"]["alpaca"]
+    assert set(saving) == {"parallel", "beam_synthetic", "beam_recorded"}
+    assert 0 <= saving["parallel"]["2"] < min(saving["beam_synthetic"]["2"], saving["beam_recorded"]["2"]) < 100
+    branching = result["branching"]["alpaca"]
+    assert set(branching) == {"beam_synthetic", "beam_recorded"}
+    assert all(1 <= b["2"]["mean_parents_per_step"] <= 2 and b["2"]["beam_steps"] > 0 for b in branching.values())
     assert {p["system"] for p in result["points"]} == {"vllm", "orca_oracle"}
+    assert {p["branching"] for p in result["points"]} == {"sampled", "synthetic", "recorded"}
+    assert len(result["settings"]["beam_trace_sha256"]) == 64  # a new recording makes new points
     assert (tmp_path / "ps.png").exists() and (tmp_path / "s.png").exists()
-    assert "memory_saving.alpaca.beam" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "memory_saving.alpaca.beam_recorded" in out and "one_parent_steps.alpaca.beam_synthetic" in out
 
 
 def test_chatbot_tiny(tmp_path):
@@ -90,12 +107,18 @@ def test_preemption_tiny(tmp_path):
     assert slow["swap_in_s"] > fast["swap_in_s"] and slow["recompute_s"] == fast["recompute_s"]
     assert {(p["mode"], p["block_size"]) for p in result["points"]} == {(m, b) for m in ("swap", "recompute")
                                                                        for b in (4, 16)}
+    again = preemption.run(dataclasses.replace(config, keep_real=True, block_sizes=[16]))  # the simulated half only
+    assert again["real"] == [r for r in result["real"] if r["block_size"] == 16]
+    assert again["real_provenance"] == result["real_provenance"] and again["real_device"] == result["real_device"]
 
 
 def test_configs_name_bad_fields():
     with pytest.raises(ValueError, match="rates.beam2"):
         parallel_sampling.ParallelSamplingConfig(widths=[2], rates={"parallel2": [1.0]}, saving_rate={"alpaca": 1,
                                                                                                      "sharegpt": 1})
+    with pytest.raises(ValueError, match="beam_branching"):
+        parallel_sampling.ParallelSamplingConfig(widths=[2], rates={"parallel2": [1.0], "beam2": [1.0]},
+                                                 saving_rate={"alpaca": 1, "sharegpt": 1}, beam_branching=["flat"])
     with pytest.raises(ValueError, match="max_prompt_len"):
         chatbot.ChatbotConfig(rates={s: [1.0] for s in ("vllm", "orca_oracle", "orca_pow2", "orca_max")},
                               max_prompt_len=1500)
