@@ -78,3 +78,10 @@ def test_cpu_default_is_per_layer_and_the_step_slices_no_stacked_weight():
                                       per_layer_weights=True)) == []
     assert sliced_weights(ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend="xla",
                                       per_layer_weights=False))
+
+
+def test_a_mesh_keeps_the_stacked_layout():
+    spec = get_preset("tiny-opt")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with pytest.raises(ValueError, match="per_layer_weights"):
+        ModelRunner(spec, decoder.init_params(spec), block_size=BLOCK_SIZE, mesh=mesh, per_layer_weights=True)
