@@ -38,6 +38,7 @@ from experiments.serve_real import ServeRealConfig, make_requests
 
 logger = logging.getLogger(__name__)
 ENGINES = ("jpaged", "vllm")
+ATTEMPTS = 3  # fresh-process starts per run before giving up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +149,18 @@ def _run_fresh(engine: str, workload: dict, python: str, tmp: Path) -> dict:
         command = [sys.executable, "-m", "experiments.cpu_vs_vllm", "--jpaged-worker", str(spec_path), str(out_path)]
     else:
         command = [python, str(REPO_ROOT / "experiments" / "cpu_peer_vllm.py"), str(spec_path), str(out_path)]
-    load = os.getloadavg()
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if "Error" in line]  # root causes, from vLLM's children too
-        raise RuntimeError(f"{engine} run failed (exit {done.returncode}); its errors:\n" + "\n".join(errors[-20:]))
+    for attempt in range(1, ATTEMPTS + 1):
+        load = os.getloadavg()
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode == 0:
+            break
+        # vLLM's engine start fails now and then on this shared machine: say so, try again.
+        print(f"{engine} run failed (exit {done.returncode}, attempt {attempt} of {ATTEMPTS}); the end of its "
+              f"stderr:\n" + "\n".join(done.stderr.splitlines()[-40:]), file=sys.stderr, flush=True)
+    else:
+        raise RuntimeError(f"{engine} run failed {ATTEMPTS} times (see stderr above)")
     result = json.loads(out_path.read_text())
-    return {**result, "load_average_before": load, "load_average_after": os.getloadavg()}
+    return {**result, "load_average_before": load, "load_average_after": os.getloadavg(), "attempts": attempt}
 
 
 def _summary(runs: dict[str, list[dict]], output_tokens: int) -> dict:
@@ -217,11 +223,11 @@ def run(config: CpuVsVllmConfig) -> dict:
                         del r["tokens"]
                 conditions.append({"dtype": dtype, "kv_slots": kv_slots, "summary": summary, "runs": runs,
                                    "request_0_first_tokens": request_0})
-    result = {"model": config.model, "output_tokens": output_tokens, "num_requests": config.num_requests,
-              "vllm_skipped": skip, "cpu_count": os.cpu_count(), "conditions": conditions,
-              "command": " ".join(["python -m experiments.cpu_vs_vllm", *sys.argv[1:]]),
-              "provenance": provenance(config, seed=config.seed)}
-    write_json(REPO_ROOT / config.output, result)
+                result = {"model": config.model, "output_tokens": output_tokens, "num_requests": config.num_requests,
+                          "vllm_skipped": skip, "cpu_count": os.cpu_count(), "conditions": conditions,
+                          "command": " ".join(["python -m experiments.cpu_vs_vllm", *sys.argv[1:]]),
+                          "provenance": provenance(config, seed=config.seed)}
+                write_json(REPO_ROOT / config.output, result)  # after every condition: a failure keeps the rest
     return result
 
 
