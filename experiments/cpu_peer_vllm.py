@@ -51,6 +51,9 @@ def tree_cpu_seconds(root: int | None = None) -> float:
 
 def run(workload: dict) -> dict:
     """Serves `workload` twice with vllm.LLM; returns the second run's tokens and times."""
+    # A fixed KV budget (GiB): by default vLLM sizes it from the memory free at start, and its
+    # start failed at times on this shared machine. num_gpu_blocks_override then sets the slots.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +107,6 @@ def write_hf_dir(directory: Path, name: str, seed: int) -> Path:
 
 def run_jpaged(workload: dict) -> dict:
     """Serves `workload` twice with LLMEngine in this process; the second run's tokens and times."""
-    import time
-
     from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from jpaged.engine import LLMEngine
     from jpaged.executors.jax import JaxExecutor
@@ -155,8 +154,11 @@ def _run_fresh(engine: str, workload: dict, python: str, tmp: Path) -> dict:
         if done.returncode == 0:
             break
         # vLLM's engine start fails now and then on this shared machine: say so, try again.
-        print(f"{engine} run failed (exit {done.returncode}, attempt {attempt} of {ATTEMPTS}); the end of its "
-              f"stderr:\n" + "\n".join(done.stderr.splitlines()[-40:]), file=sys.stderr, flush=True)
+        lines = done.stderr.splitlines()
+        causes = [line for line in lines if "Error" in line or "rror:" in line][:10]  # from vLLM's children too
+        print(f"{engine} run failed (exit {done.returncode}, attempt {attempt} of {ATTEMPTS}); its first errors:\n"
+              + "\n".join(causes) + "\nthe end of its stderr:\n" + "\n".join(lines[-15:]), file=sys.stderr, flush=True)
+        time.sleep(10)  # let the failed run's processes and shared memory go
     else:
         raise RuntimeError(f"{engine} run failed {ATTEMPTS} times (see stderr above)")
     result = json.loads(out_path.read_text())
