@@ -49,15 +49,18 @@ def _sample_row(logits, temperature, top_k, top_p, seed, stream, position):
 @functools.partial(jax.jit, static_argnames=("num_top", "any_random"))
 def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top, any_random):
     logits = logits[logits_rows].astype(jnp.float32)  # [R, V]
-    logprobs_all = jax.nn.log_softmax(logits, axis=-1)
     tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if any_random:  # the per-row sort of the vocabulary costs: skip it for all-greedy batches
         drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
         tokens = jnp.where(temperature == 0, tokens, drawn).astype(jnp.int32)
-    chosen = jnp.take_along_axis(logprobs_all, tokens[:, None], axis=-1)[:, 0]
+    # log_softmax's own arithmetic ((x - max) - log sum exp(x - max)), applied only to the entries
+    # returned: two row reductions [R, V] -> [R], no [R, V] row of log-probabilities written.
+    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [R, 1]
+    log_norm = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))  # [R, 1]
+    chosen = ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
     if num_top:
-        top_logprobs, top_ids = jax.lax.top_k(logprobs_all, num_top)
-        return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+        top_logits, top_ids = jax.lax.top_k(logits, num_top)  # log-softmax keeps the order
+        return tokens, chosen, top_ids.astype(jnp.int32), (top_logits - row_max) - log_norm
     return tokens, chosen, None, None
 
 

@@ -17,7 +17,7 @@ five times faster per call than State's Variable nodes.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,17 +57,27 @@ class CausalLM(nnx.Module):
 
     def embed_tokens(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """Token (+ learned position, OPT) embeddings: tokens, positions [...] -> [..., H]."""
-        h = self.embed(tokens)
-        if self.spec.family == "opt":
-            h = h + self.pos_embed(positions + OPT_POSITION_OFFSET)
-        return h
+        with jax.named_scope("embed"):
+            h = self.embed(tokens)
+            if self.spec.family == "opt":
+                h = h + self.pos_embed(positions + OPT_POSITION_OFFSET)
+            return h
 
-    def run_layers(self, h: jax.Array, positions: jax.Array, cache: Any, attend: Attend) -> tuple[jax.Array, Any]:
-        """All decoder blocks, scanned: h [..., H] -> ([..., H], cache).
+    def run_layers(self, h: jax.Array, positions: jax.Array, cache: Any, attend: Attend,
+                   blocks: Sequence[layers.Block] | None = None) -> tuple[jax.Array, Any]:
+        """All decoder blocks: h [..., H] -> ([..., H], cache).
 
-        `cache` is the scan carry (the paged step carries the whole stacked KV pool and writes
-        layer i in place); `attend` gets the layer index to find its part.
+        Scanned over the stacked `self.layers` by default. `cache` is the scan carry (the paged
+        step carries the whole stacked KV pool and writes layer i in place); `attend` gets the
+        layer index to find its part. With `blocks` (one `Block` per layer, each over its own
+        buffers, see `unstack_layers`) the layers run one after another instead, unrolled in the
+        trace: a scan slices layer i out of every stacked weight, which XLA:CPU does as a copy
+        (the whole model's weights copied once per step, 55% of a batch-1 decode step).
         """
+        if blocks is not None:
+            for i, block in enumerate(blocks):
+                h, cache = block(h, positions, cache, i, attend)
+            return h, cache
 
         @nnx.scan(in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
         def scan_blocks(carry, block: layers.Block, layer: jax.Array):
@@ -78,9 +88,10 @@ class CausalLM(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Final norm and LM head: h [..., H] -> float32 logits [..., V]."""
-        h = self.final_norm(h)
-        logits = self.embed.attend(h) if self.spec.tie_word_embeddings else self.lm_head(h)
-        return logits.astype(jnp.float32)
+        with jax.named_scope("lm_head"):
+            h = self.final_norm(h)
+            logits = self.embed.attend(h) if self.spec.tie_word_embeddings else self.lm_head(h)
+            return logits.astype(jnp.float32)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Full-sequence forward without a cache: tokens i32[B, L] -> float32 logits [B, L, V]."""
@@ -116,6 +127,39 @@ def abstract_model(spec: ModelSpec, dtype: Any = jnp.float32) -> tuple[nnx.Graph
     """
     model = nnx.eval_shape(lambda: CausalLM(spec, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0)))
     return nnx.split(model)
+
+
+@functools.lru_cache(maxsize=64)
+def abstract_block(spec: ModelSpec, dtype: Any = jnp.float32) -> nnx.GraphDef:
+    """The graphdef of one `layers.Block`: with one layer's slice of `params["layers"]` it merges
+    into that layer's block (`unstack_layers`)."""
+    return nnx.split(nnx.eval_shape(lambda: layers.Block(spec, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(0))))[0]
+
+
+def unstack_layers(params: Params) -> list[Params]:
+    """`params["layers"]` (every leaf [L, ...]) as L per-layer trees, each leaf its own buffer.
+
+    A copy of the layer weights, made once (one jitted call, shardings kept): a step over these
+    reads every layer's weights where they lie, where slicing the stack inside the step copies
+    them every time (`CausalLM.run_layers`).
+    """
+    stacked = params["layers"]
+    num_layers = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+    return jax.jit(lambda tree: [jax.tree.map(lambda x: x[i], tree) for i in range(num_layers)])(stacked)
+
+
+def merge_unstacked(spec: ModelSpec, params: Params) -> tuple[CausalLM, list[layers.Block]]:
+    """(the module, its blocks) over `params` whose "layers" entry is `unstack_layers`' list.
+
+    The module's own stacked `layers` hold abstract shapes only: run it with
+    `run_layers(..., blocks=blocks)`, which never touches them.
+    """
+    dtype = params_dtype(params)
+    per_layer = params["layers"]
+    stacked = param_shapes(spec, dtype)["layers"]  # placeholders, never computed with
+    model = nnx.merge(abstract_model(spec, dtype)[0], {**params, "layers": stacked})
+    block_def = abstract_block(spec, dtype)
+    return model, [nnx.merge(block_def, layer) for layer in per_layer]
 
 
 def param_shapes(spec: ModelSpec, dtype: Any = jnp.float32) -> Params:

@@ -114,17 +114,22 @@ class Block(nnx.Module):
     def __call__(self, h: jax.Array, positions: jax.Array, cache: Any, layer: jax.Array,
                  attend: Attend) -> tuple[jax.Array, Any]:
         """h [..., H], positions [...] -> (h [..., H], cache); `attend` reads/writes layer `layer`'s cache."""
+        # The named scopes label the compiled ops by part (experiments/profile_forward.py).
         spec, lead = self.spec, h.shape[:-1]
-        x = self.attn_norm(h)
-        q = self.q(x).reshape(*lead, spec.num_heads, spec.head_dim)
-        k = self.k(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
-        v = self.v(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
-        if spec.family == "llama":
-            inv_freq = rope_frequencies(spec)  # a constant of the trace
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        a, cache = attend(cache, layer, q, k, v)  # [..., Hq, D]
-        h = h + self.o(a.reshape(*lead, spec.q_size))
-        return h + self._mlp(self.mlp_norm(h)), cache
+        with jax.named_scope("qkv_proj"):
+            x = self.attn_norm(h)
+            q = self.q(x).reshape(*lead, spec.num_heads, spec.head_dim)
+            k = self.k(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
+            v = self.v(x).reshape(*lead, spec.num_kv_heads, spec.head_dim)
+            if spec.family == "llama":
+                inv_freq = rope_frequencies(spec)  # a constant of the trace
+                q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        with jax.named_scope("attention"):
+            a, cache = attend(cache, layer, q, k, v)  # [..., Hq, D]
+        with jax.named_scope("out_proj"):
+            h = h + self.o(a.reshape(*lead, spec.q_size))
+        with jax.named_scope("mlp"):
+            return h + self._mlp(self.mlp_norm(h)), cache
 
     def _mlp(self, x: jax.Array) -> jax.Array:
         if self.spec.family == "opt":

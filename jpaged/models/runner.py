@@ -70,21 +70,32 @@ class ModelRunner:
     """Runs a decoder over a paged KV pool; `prefill` and `decode` are jitted pure functions."""
 
     def __init__(self, spec: ModelSpec, params: decoder.Params | nnx.State | nnx.Module, *, block_size: int,
-                 attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None):
+                 attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None,
+                 per_layer_weights: bool | None = None):
         """`params`: the model's state (pure dict or `nnx.State`) or the `CausalLM` itself.
 
         `interpret` runs Pallas kernels in interpret mode (default: off GPU only). With a `mesh`
         (tensor parallelism, see jpaged.parallel) `params` and pools must already be sharded;
-        attention runs per head shard and logits come back replicated.
+        attention runs per head shard and logits come back replicated. `per_layer_weights` keeps
+        one buffer per layer and weight and unrolls the layers in the step (`decoder.unstack_layers`:
+        XLA:CPU copies every weight a scan slices); None: on CPU without a mesh. The runner then
+        holds that copy of the layer weights, not the stacked tree it was given.
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if isinstance(params, nnx.Module):
             params = nnx.state(params)
         self.spec = spec
-        self.params = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
         self.block_size = block_size
         self.backend = resolve_backend(attention_backend)  # "auto" -> pallas on GPU, xla elsewhere
+        params = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+        if per_layer_weights is None:
+            per_layer_weights = mesh is None and jax.default_backend() == "cpu"
+        if per_layer_weights and mesh is not None:
+            raise ValueError("per_layer_weights: the tensor-parallel (mesh) step keeps the stacked layout")
+        self.per_layer_weights = per_layer_weights
+        # params["layers"]: stacked leaves [L, ...], or (per layer) a list of L trees.
+        self.params = {**params, "layers": decoder.unstack_layers(params)} if per_layer_weights else params
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
         interpret = jax.default_backend() != "gpu" if interpret is None else interpret
@@ -154,8 +165,9 @@ class ModelRunner:
                                                    query_start_loc, i)
             return out, (k_pool, v_pool)
 
-        model = decoder.merge(spec, params)
+        model, blocks = decoder.merge_unstacked(spec, params) if self.per_layer_weights else (
+            decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
-        h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend)
+        h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
         # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
         return model.logits(h[logits_indices]), kv_pool

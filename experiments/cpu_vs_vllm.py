@@ -1,0 +1,242 @@
+"""jpaged vs vLLM's CPU build on this CPU: same local model, same requests, alternating fresh processes.
+
+A random OPT-shaped model (jpaged's seeded dummy weights of preset `model.name`) is written once as
+a local Hugging Face directory (config.json + model.safetensors, float32); both engines load it,
+in each `dtypes` entry. The workload is serve_real's (ShareGPT-shaped lengths scaled down, all
+requests at t=0, greedy, ignore_eos), served with equal KV slots (`kv_slots`; the smaller ones
+force preemption, which both engines handle by recomputation). Each round runs jpaged, then
+vLLM, each in a fresh process (A B A B ...) that serves the workload twice and times the second
+run: wall seconds, and CPU seconds of the process and its children (vLLM's engine core is one).
+Per condition the result gives output tokens per wall-second and per CPU-second of each engine,
+the jpaged / vLLM ratios of each round, their medians, and how many requests got identical
+greedy tokens from both engines.
+
+vLLM runs with `vllm_python` (its own virtual environment, ../shared/bench/README.md); when that
+interpreter is missing or cannot import vllm, the vLLM side is skipped with a message and only
+jpaged's rounds are measured.
+
+    python -m experiments.cpu_vs_vllm --config configs/cpu_vs_vllm.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.cpu_peer_vllm import tree_cpu_seconds
+from experiments.serve_real import ServeRealConfig, make_requests
+
+logger = logging.getLogger(__name__)
+ENGINES = ("jpaged", "vllm")
+ATTEMPTS = 3  # fresh-process starts per run before giving up
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuVsVllmConfig:
+    """Model, workload, memory conditions and rounds of the comparison."""
+
+    model: str = "opt-125m"  # an OPT preset (jpaged.models.presets): its shapes, jpaged's dummy weights
+    seed: int = 0  # dummy weights and workload
+    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32"])
+    kv_slots: list[int] = dataclasses.field(default_factory=lambda: [4096])  # KV tokens each engine gets
+    num_requests: int = 64
+    length_scale: float = 0.125  # serve_real's: ShareGPT lengths times this
+    max_model_len: int = 256
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    jpaged_block_size: int = 16
+    vllm_block_size: int = 32  # vLLM's CPU attention takes multiples of 32 only
+    rounds: int = 2  # A B pairs per condition
+    vllm_python: str = "/work/vllm-venv/bin/python"  # interpreter of vLLM's own virtual environment
+    output: str = "results/cpu_vs_vllm.json"
+
+    def __post_init__(self) -> None:
+        if not self.dtypes or set(self.dtypes) - {"float32", "bfloat16"}:
+            raise ValueError(f"dtypes must be a non-empty list of 'float32'/'bfloat16', got {self.dtypes}")
+        for name in ("rounds", "num_requests", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        block = np.lcm(self.jpaged_block_size, self.vllm_block_size)
+        if not self.kv_slots or any(s < self.max_model_len or s % block for s in self.kv_slots):
+            raise ValueError(f"kv_slots must be multiples of {block} (both block sizes) >= max_model_len "
+                             f"({self.max_model_len}), got {self.kv_slots}")
+
+
+def write_hf_dir(directory: Path, name: str, seed: int) -> Path:
+    """jpaged's seeded dummy weights of OPT preset `name` as a float32 Hugging Face directory."""
+    from safetensors.numpy import save_file
+
+    from jpaged.models import decoder
+    from jpaged.models.hf_names import hf_tensor_names
+    from jpaged.models.presets import get_preset
+
+    spec = get_preset(name)
+    if spec.family != "opt":
+        raise ValueError(f"model: an OPT preset is needed (vLLM and jpaged both load its HF layout), got {name!r}")
+    params = decoder.init_params(spec, seed)
+    tensors = {}
+    for path, (names, transposed) in hf_tensor_names(spec).items():
+        leaf = params
+        for key in path:
+            leaf = leaf[key]
+        for hf_name, arr in zip(names, list(np.asarray(leaf)) if path[0] == "layers" else [np.asarray(leaf)]):
+            tensors["model." + hf_name] = np.ascontiguousarray(arr.T if transposed else arr, np.float32)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+    config = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": spec.vocab_size,
+              "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+              "num_attention_heads": spec.num_heads, "ffn_dim": spec.intermediate_size,
+              "max_position_embeddings": spec.max_position_embeddings, "word_embed_proj_dim": spec.hidden_size,
+              "do_layer_norm_before": True, "activation_function": "relu", "enable_bias": True,
+              "layer_norm_elementwise_affine": True, "tie_word_embeddings": True, "torch_dtype": "float32",
+              "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "dropout": 0.0}
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def run_jpaged(workload: dict) -> dict:
+    """Serves `workload` twice with LLMEngine in this process; the second run's tokens and times."""
+    from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from jpaged.engine import LLMEngine
+    from jpaged.executors.jax import JaxExecutor
+    from jpaged.sequence import SamplingParams
+
+    block_size = workload["block_size"]
+    config = EngineConfig(
+        model=ModelConfig(name=workload["model"], dtype=workload["dtype"], attention_backend="xla",
+                          checkpoint=workload["model_dir"]),
+        cache=CacheConfig(block_size=block_size, num_blocks=workload["kv_slots"] // block_size + 1,
+                          num_host_blocks=0),  # + the reserved block 0; no swap space: recompute
+        scheduler=SchedulerConfig(max_num_seqs=workload["max_num_seqs"], max_model_len=workload["max_model_len"],
+                                  max_num_batched_tokens=workload["max_num_batched_tokens"]))
+    executor = JaxExecutor(config)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in workload["output_lens"]]
+    LLMEngine(config, executor=executor).generate(workload["prompts"], params)  # warm-up: compiles
+    engine = LLMEngine(config, executor=executor)
+    start_wall, start_cpu = time.perf_counter(), tree_cpu_seconds()
+    outputs = engine.generate(workload["prompts"], params)
+    wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
+    return {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
+            "engine": "jpaged"}
+
+
+def vllm_available(python: str) -> str | None:
+    """None when `python` imports vllm, else why not (the message the run prints)."""
+    if not Path(python).is_file():
+        return f"vllm_python {python} does not exist"
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"{python} cannot import vllm: {probe.stderr.strip()[-300:]}"
+
+
+def _run_fresh(engine: str, workload: dict, python: str, tmp: Path) -> dict:
+    """One engine's timed run in a fresh process; its result plus the load average before it."""
+    spec_path, out_path = tmp / "workload.json", tmp / f"{engine}.json"
+    spec_path.write_text(json.dumps(workload))
+    out_path.unlink(missing_ok=True)
+    if engine == "jpaged":
+        command = [sys.executable, "-m", "experiments.cpu_vs_vllm", "--jpaged-worker", str(spec_path), str(out_path)]
+    else:
+        command = [python, str(REPO_ROOT / "experiments" / "cpu_peer_vllm.py"), str(spec_path), str(out_path)]
+    for attempt in range(1, ATTEMPTS + 1):
+        load = os.getloadavg()
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode == 0:
+            break
+        # vLLM's engine start fails now and then on this shared machine: say so, try again.
+        lines = done.stderr.splitlines()
+        causes = [line for line in lines if "Error" in line or "rror:" in line][:10]  # from vLLM's children too
+        print(f"{engine} run failed (exit {done.returncode}, attempt {attempt} of {ATTEMPTS}); its first errors:\n"
+              + "\n".join(causes) + "\nthe end of its stderr:\n" + "\n".join(lines[-15:]), file=sys.stderr, flush=True)
+        time.sleep(10)  # let the failed run's processes and shared memory go
+    else:
+        raise RuntimeError(f"{engine} run failed {ATTEMPTS} times (see stderr above)")
+    result = json.loads(out_path.read_text())
+    return {**result, "load_average_before": load, "load_average_after": os.getloadavg(), "attempts": attempt}
+
+
+def _summary(runs: dict[str, list[dict]], output_tokens: int) -> dict:
+    """Tokens per wall- and CPU-second of each engine (medians over rounds) and jpaged / vLLM ratios."""
+    out: dict = {}
+    for engine, engine_runs in runs.items():
+        out[engine] = {"tok_per_wall_s": statistics.median(output_tokens / r["wall_s"] for r in engine_runs),
+                       "tok_per_cpu_s": statistics.median(output_tokens / r["cpu_s"] for r in engine_runs)}
+    if runs.get("vllm"):
+        pairs = list(zip(runs["jpaged"], runs["vllm"]))
+        out["ratio_wall_per_round"] = [v["wall_s"] / j["wall_s"] for j, v in pairs]  # > 1: jpaged faster
+        out["ratio_cpu_per_round"] = [v["cpu_s"] / j["cpu_s"] for j, v in pairs]
+        out["ratio_wall"] = statistics.median(out["ratio_wall_per_round"])
+        out["ratio_cpu"] = statistics.median(out["ratio_cpu_per_round"])
+        first_j, first_v = pairs[0][0]["tokens"], pairs[0][1]["tokens"]
+        out["identical_requests"] = sum(a == b for a, b in zip(first_j, first_v))
+    out["jpaged_deterministic"] = all(r["tokens"] == runs["jpaged"][0]["tokens"] for r in runs["jpaged"])
+    return out
+
+
+def run(config: CpuVsVllmConfig) -> dict:
+    """Every (dtype, kv_slots) condition, `rounds` A B pairs each; writes and returns the results."""
+    skip = vllm_available(config.vllm_python)
+    if skip:
+        print(f"vLLM side skipped: {skip}. Install vLLM's CPU build as ../shared/bench/README.md says "
+              f"and set vllm_python; measuring jpaged only.", flush=True)
+    from jpaged.models.presets import get_preset
+
+    serve = ServeRealConfig(num_requests=config.num_requests, length_scale=config.length_scale,
+                            max_model_len=config.max_model_len, seed=config.seed)
+    prompts, output_lens = make_requests(serve, get_preset(config.model).vocab_size)
+    output_tokens = int(sum(output_lens))
+    engines = ENGINES[:1] if skip else ENGINES
+    conditions = []
+    with tempfile.TemporaryDirectory(prefix="cpu_vs_vllm_") as tmp_name:
+        tmp = Path(tmp_name)
+        model_dir = write_hf_dir(tmp / config.model, config.model, config.seed)
+        for dtype in config.dtypes:
+            for kv_slots in config.kv_slots:
+                runs: dict[str, list[dict]] = {e: [] for e in engines}
+                for round_index in range(config.rounds):
+                    for engine in engines:  # A B, A B, ...: each in a fresh process
+                        workload = {"model": config.model, "model_dir": str(model_dir), "dtype": dtype,
+                                    "prompts": prompts, "output_lens": output_lens, "kv_slots": kv_slots,
+                                    "block_size": config.jpaged_block_size if engine == "jpaged"
+                                    else config.vllm_block_size, "max_num_seqs": config.max_num_seqs,
+                                    "max_model_len": config.max_model_len, "seed": config.seed,
+                                    "max_num_batched_tokens": config.max_num_batched_tokens}
+                        result = _run_fresh(engine, workload, config.vllm_python, tmp)
+                        runs[engine].append(result)
+                        print(f"{dtype:<9} kv {kv_slots:<5} round {round_index} {engine:<6} "
+                              f"{output_tokens / result['wall_s']:7.1f} tok/wall-s "
+                              f"{output_tokens / result['cpu_s']:7.1f} tok/cpu-s  "
+                              f"load {result['load_average_before'][0]:.2f}", flush=True)
+                summary = _summary(runs, output_tokens)
+                print(f"{dtype:<9} kv {kv_slots:<5} summary {json.dumps(summary)}", flush=True)
+                request_0 = {e: runs[e][0]["tokens"][0][:16] for e in engines}  # a sample to eyeball
+                for engine_runs in runs.values():
+                    for r in engine_runs:
+                        del r["tokens"]
+                conditions.append({"dtype": dtype, "kv_slots": kv_slots, "summary": summary, "runs": runs,
+                                   "request_0_first_tokens": request_0})
+                result = {"model": config.model, "output_tokens": output_tokens, "num_requests": config.num_requests,
+                          "vllm_skipped": skip, "cpu_count": os.cpu_count(), "conditions": conditions,
+                          "command": " ".join(["python -m experiments.cpu_vs_vllm", *sys.argv[1:]]),
+                          "provenance": provenance(config, seed=config.seed)}
+                write_json(REPO_ROOT / config.output, result)  # after every condition: a failure keeps the rest
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--jpaged-worker":
+        logging.basicConfig(level=logging.WARNING)
+        Path(sys.argv[3]).write_text(json.dumps(run_jpaged(json.loads(Path(sys.argv[2]).read_text()))))
+    else:
+        logging.basicConfig(level=logging.INFO)
+        main(__doc__.splitlines()[0], CpuVsVllmConfig, run, "configs/cpu_vs_vllm.yaml")

@@ -1,0 +1,44 @@
+"""experiments.cpu_vs_vllm without vLLM: the HF directory it writes, jpaged's side, the skip message."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import cpu_vs_vllm
+from experiments.cpu_peer_vllm import tree_cpu_seconds
+from experiments.cpu_vs_vllm import CpuVsVllmConfig
+from jpaged.checkpoint import import_hf
+from jpaged.models import decoder
+
+
+def test_hf_dir_holds_the_dummy_weights(tmp_path):
+    directory = cpu_vs_vllm.write_hf_dir(tmp_path / "m", "tiny-opt", seed=3)
+    spec, params = import_hf(directory, name="tiny-opt")
+    expected = decoder.init_params(spec, 3)
+    for a, b in zip(*(map(np.asarray, jax.tree.leaves(t)) for t in (params, expected))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_jpaged_side_runs_and_the_vllm_side_is_skipped_without_vllm(tmp_path, capsys):
+    config = CpuVsVllmConfig(model="tiny-opt", num_requests=3, max_model_len=64, max_num_seqs=4,
+                             max_num_batched_tokens=256, kv_slots=[64], rounds=2, length_scale=0.05,
+                             vllm_python=str(tmp_path / "no-python"), output=str(tmp_path / "r.json"))
+    result = cpu_vs_vllm.run(config)
+    assert "vLLM side skipped" in capsys.readouterr().out
+    assert result["vllm_skipped"] and len(result["conditions"]) == 1
+    condition = result["conditions"][0]
+    assert set(condition["runs"]) == {"jpaged"} and len(condition["runs"]["jpaged"]) == 2
+    assert condition["summary"]["jpaged"]["tok_per_cpu_s"] > 0 and condition["summary"]["jpaged_deterministic"]
+
+
+def test_tree_cpu_seconds_counts_this_process():
+    before = tree_cpu_seconds()
+    sum(i * i for i in range(2_000_000))
+    assert tree_cpu_seconds() > before
+
+
+@pytest.mark.parametrize("field, value", [("dtypes", ["float16"]), ("kv_slots", [100]), ("rounds", 0),
+                                          ("kv_slots", [32])])
+def test_bad_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        CpuVsVllmConfig(**{field: value})
