@@ -59,7 +59,9 @@ def test_salts_isolate_tenants():
     assert engine.kv_stats()["prefix_cached_tokens"] == len(SYSTEM)
 
 
-@pytest.mark.parametrize("mode", ["swap", "recompute"])
+# swap is slow: the recompute case runs by default, and the liveness property test covers prefix
+# caching under swap preemption (tests/test_scheduler_liveness.py).
+@pytest.mark.parametrize("mode", [pytest.param("swap", marks=pytest.mark.slow), "recompute"])
 def test_prefix_caching_under_preemption(mode):
     prompts = _prompts()
     params = SamplingParams(max_tokens=12)

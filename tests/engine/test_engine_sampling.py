@@ -37,6 +37,9 @@ def test_parallel_sampling_shares_prompt_blocks_and_is_seeded():
     assert run(2) != samples
 
 
+# Slow: the same guarantee over more settings runs by default in
+# tests/engine/test_engine_liveness.py::test_seeded_outputs_do_not_depend_on_batching.
+@pytest.mark.slow
 def test_sampling_independent_of_batch_and_preemption():
     prompts = [list(range(1, 30)), list(range(5, 40)), list(range(2, 9))]
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=20, seed=3)

@@ -14,6 +14,9 @@ from jpaged.sequence import SamplingParams
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-copy"
 
 
+# Slow (about a minute per mode on 2 cores): preemption's exactness is also checked, faster, by the
+# seeded batching-independence cases of tests/engine/test_engine_liveness.py (swap, recompute).
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_copy_task_accuracy_under_forced_preemption(mode):
     task = CopyTask(**read_metadata(ASSET)["provenance"]["task"])
