@@ -19,7 +19,7 @@ from jpaged.engine import LLMEngine
 from jpaged.sequence import SamplingParams as SP
 from jpaged.workloads import WorkloadConfig
 
-from tests.helpers.tiny_engines import dense_greedy, make_engine
+from tests.helpers.tiny_engines import dense_greedy, make_engine, run_to_end
 
 GOOD_PROMPT = [5, 6, 7, 8]
 GOOD_TOKENS = 4
@@ -278,16 +278,6 @@ CASES = [
     row("yaml-missing-file", lambda e, d: load_config(d / "absent.yaml", BenchHostConfig), FileNotFoundError,
         "absent.yaml"),
 ]
-
-
-def run_to_end(engine, max_steps=200):
-    outputs = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            break
-        outputs.update({o.request_id: o for o in engine.step() if o.finished})
-    assert not engine.has_unfinished()
-    return outputs
 
 
 @pytest.mark.parametrize("call, exc, names", CASES)

@@ -13,18 +13,14 @@ from jpaged.executors.sim import SimExecutor
 from jpaged.models.presets import get_preset
 from jpaged.sequence import SamplingParams
 
-from tests.helpers.tiny_engines import dense_greedy, make_engine
+from tests.helpers.tiny_engines import dense_greedy, make_engine, run_to_end
 
 PROMPT_A, PROMPT_B = [5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6]
 
 
-def run(engine, max_steps=300):
-    outputs = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            break
-        outputs.update({o.request_id: o for o in engine.step() if o.finished})
-    assert not engine.has_unfinished()
+def run(engine):
+    """Runs `engine` to the end; every block is free afterwards."""
+    outputs = run_to_end(engine)
     stats = engine.kv_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
     assert stats["num_free_host_blocks"] == stats["num_host_blocks"]

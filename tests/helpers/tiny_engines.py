@@ -28,6 +28,18 @@ def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=6
     return LLMEngine(config, executor=JaxExecutor(config, params=params))
 
 
+def run_to_end(engine, max_steps=300):
+    """Steps `engine` until nothing is unfinished (asserting it gets there within `max_steps`);
+    returns the finished outputs by request id."""
+    outputs = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        outputs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert not engine.has_unfinished()
+    return outputs
+
+
 @functools.lru_cache(maxsize=4)
 def dense_logprobs_fn(model):
     """The jitted dense forward of `model`'s seed-0 weights, cached per model name."""
