@@ -12,14 +12,20 @@ import signal
 import threading
 import time
 
-import httpx
-import openai
 import pytest
 
-from jpaged import LLM, SamplingParams
+# The server stack and its clients come with the test extra (`pip install -e ".[test]"`); in an
+# environment without them these tests skip with the reason instead of failing collection.
+for _module in ("fastapi", "uvicorn", "prometheus_client", "httpx", "openai"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e \".[test]\"")
 
-from tests.helpers.server import MODEL, metric, metrics, running_server
-from tests.helpers.text_assets import ASSET
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from jpaged import LLM, SamplingParams  # noqa: E402
+
+from tests.helpers.server import MODEL, metric, metrics, running_server  # noqa: E402
+from tests.helpers.text_assets import ASSET  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "    def __init__(self):"]
 
