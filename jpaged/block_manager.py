@@ -38,6 +38,7 @@ class BlockManager:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.watermark_blocks = int(watermark * (num_blocks - 1))
         self.refcount = np.zeros(num_blocks, dtype=np.int32)  # [N] references from block tables
+        self._block_offsets = np.arange(block_size, dtype=np.int32)  # [block_size] slot offsets in a block
         self.host_refcount = np.zeros(num_host_blocks, dtype=np.int32)  # [H] references from host tables
         # Stacks: pop() hands out the lowest id first, which keeps pictures of the pool readable.
         self._free = list(range(num_blocks - 1, 0, -1))
@@ -285,9 +286,12 @@ class BlockManager:
         if new_blocks:
             self._open_blocks(row, have, new_blocks)
         self.num_tokens[row] = end
-        positions = np.arange(pos, end)
-        slots = self.block_tables[row, positions // bs] * bs + positions % bs
-        return slots.astype(np.int32, copy=False), copy_pairs
+        # The slots of positions [pos, end): the rows' blocks [pos // bs, ceil(end / bs)) laid out
+        # slot by slot, less the first block's offset (one slice and one broadcast, no gather).
+        first = pos // bs
+        blocks = self.block_tables[row, first: -(-end // bs)]
+        slots = (blocks[:, None] * bs + self._block_offsets).ravel()
+        return slots[pos - first * bs: end - first * bs], copy_pairs
 
     def _open_blocks(self, row: int, first: int, count: int) -> None:
         """Appends `count` fresh blocks to `row`'s table from logical index `first` (room was checked)."""
@@ -302,35 +306,37 @@ class BlockManager:
         self.num_table_blocks[row] = first + count
 
     def _append_one(self, rows: np.ndarray, may_share: bool) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        # Every decode step, for every sequence: a handful of whole-batch numpy operations, with a
+        # Python loop only over the rows that open a block (or copy a shared one).
         bs = self.block_size
-        pos = self.num_tokens[rows]
-        logical = pos // bs
-        offset = pos - logical * bs
+        pos = self.num_tokens[rows]  # [n] position of each row's new token
+        logical, offset = np.divmod(pos, bs)
         # Table entries past a row's blocks are 0 and refcount[0] is 0, so a row that opens a new
         # block never looks shared. An index past the table width raises IndexError: the engine
         # finishes every sequence at max_model_len, so that is a caller bug.
         last = self.block_tables[rows, logical]  # [n] physical block each row writes into
-        opens = offset == 0
-        needs = (opens | (self.refcount[last] > 1)) if may_share else opens
-        needs_block = needs.nonzero()[0].tolist()
-        if len(needs_block) > self.num_free_blocks:
-            return None
+        needs = (offset == 0) | (self.refcount[last] > 1) if may_share else offset == 0
         copy_pairs: list[tuple[int, int]] = []
-        for i in needs_block:
-            row, idx = int(rows[i]), int(logical[i])
-            src = int(last[i])
-            if src == 0:  # the row's last block is full: open a new one
-                block = self._take_block()
-                self.block_tables[row, idx] = block
-                self.refcount[block] = 1
-                self.num_table_blocks[row] = idx + 1
-            elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
-                block = self._copy_on_write(row, idx, src)
-                copy_pairs.append((src, block))
-            else:
-                continue
-            last[i] = block
-        self.num_tokens[rows] = pos + 1
+        if needs.any():
+            needs_block = needs.nonzero()[0].tolist()
+            if len(needs_block) > self.num_free_blocks:
+                return None
+            for i in needs_block:
+                row, idx = int(rows[i]), int(logical[i])
+                src = int(last[i])
+                if src == 0:  # the row's last block is full: open a new one
+                    block = self._take_block()
+                    self.block_tables[row, idx] = block
+                    self.refcount[block] = 1
+                    self.num_table_blocks[row] = idx + 1
+                elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
+                    block = self._copy_on_write(row, idx, src)
+                    copy_pairs.append((src, block))
+                else:
+                    continue
+                last[i] = block
+        pos += 1
+        self.num_tokens[rows] = pos
         last *= bs
         last += offset
         return last, copy_pairs

@@ -44,7 +44,16 @@ class Postprocessor:
             logprobs = None if result.logprobs is None else result.logprobs.tolist()
             for group in rows.first_token_groups:
                 group.first_token_time = now
-            if rows.is_plain:
+            if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(tokens):
+                # The steady state: no row reaches its length limit or samples a stop token.
+                if logprobs is None:
+                    for seq, token in zip(rows.seqs, tokens):
+                        seq.token_ids.append(token)
+                else:
+                    for seq, token, logprob in zip(rows.seqs, tokens, logprobs):
+                        seq.token_ids.append(token)
+                        seq.cumulative_logprob += logprob
+            elif rows.is_plain:
                 if self.num_logprobs and logprobs is not None:
                     self._record_logprobs(rows.seqs, range(len(tokens)), tokens, logprobs, result)
                 self._append_all(rows.seqs, tokens, logprobs, now)

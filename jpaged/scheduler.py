@@ -30,6 +30,7 @@ import numpy as np
 
 from jpaged.block_manager import BlockManager
 from jpaged.config import CacheConfig, SchedulerConfig
+from jpaged.decode_batch import DecodeBatch
 from jpaged.kv_manager import AllocStatus, KVCacheManager
 from jpaged.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.step_plan import PlanBuilder, StepPlan
@@ -73,7 +74,7 @@ class Scheduler:
         self._partial: list[SequenceGroup] = []
         # Decoding sequences of the other running groups and their rows, rebuilt only when the
         # running set changes (admission, preemption, swap-in, fork, finish), not every step.
-        self._batch: tuple[list[Sequence], np.ndarray] | None = None
+        self._batch: DecodeBatch | None = None
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         # The max_num_seqs budget counts each running group at its width (n samples or beams), so
         # a fresh group's later forks and a beam step's churn never push a batch past the limit.
@@ -149,7 +150,10 @@ class Scheduler:
             bm.free(seq.seq_id)
 
     def _join_running(self, group: SequenceGroup) -> None:
-        bisect.insort(self.running, group, key=lambda g: g.arrival_order)
+        if not self.running or self.running[-1].arrival_order < group.arrival_order:
+            self.running.append(group)  # the usual case: the latest arrival so far
+        else:
+            bisect.insort(self.running, group, key=lambda g: g.arrival_order)
         self._num_running_seqs += group.width
         self._num_multi_running += not group.is_single
         self._batch = None
@@ -194,7 +198,8 @@ class Scheduler:
         bm = self.block_manager
         num_preempted = 0
         while True:
-            seqs, rows = self._running_batch()
+            batch = self._running_batch()
+            seqs, rows = batch.seqs, batch.rows
             chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
             if chunks:
                 chunk_rows = bm.rows_of([s.seq_id for s, _ in chunks])
@@ -210,10 +215,11 @@ class Scheduler:
                 break
             num_preempted += self._preempt_latest()
         slots, copies = appended
+        batch.advance()
         for seq in seqs:
             seq.num_computed_tokens += 1
         if not chunks:
-            builder.add(seqs, rows, None, slots, copies)
+            builder.add_decodes(batch, slots, copies)
             budget[0] -= len(seqs)
             return num_preempted
         for seq, count in chunks:
@@ -275,8 +281,16 @@ class Scheduler:
                                  f"({self.block_manager.num_usable_blocks} blocks)")
             self.abort(victim)
             return 0
+        batch = self._batch
         self._leave_running(victim)
         self._preempt(victim)
+        if batch is not None:  # the victim's decoding sequences, if any, are the batch's last
+            count = 0
+            for seq in reversed(batch.seqs):
+                if seq.group is not victim:
+                    break
+                count += 1
+            self._batch = batch.without_last(count) if count else batch
         return 1
 
     def _preempt(self, group: SequenceGroup) -> None:
@@ -351,15 +365,17 @@ class Scheduler:
             if key == self._held_back_key and bm.num_free_blocks <= self._held_back_free:
                 self._held_back = True  # nothing changed since it was held back but fewer free blocks
                 break
-            seqs = group.live_seqs()
+            seqs = group.live_seqs() if not group.is_single else group.seqs
             leader, followers = seqs[0], seqs[1:]
             hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
-            shares = [self._share(f) for f in followers]
-            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
-            need = bm.blocks_for(len(leader)) + unique_blocks
-            if need > bm.num_usable_blocks or bm.blocks_for(len(leader)) > bm.max_blocks_per_seq:
+            shares = [self._share(f) for f in followers] if followers else []
+            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+                             if followers else 0)
+            leader_blocks = bm.blocks_for(len(leader.token_ids))
+            need = leader_blocks + unique_blocks
+            if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
                 self.waiting.popleft()
                 self._reject(group, f"needs {need} KV blocks, more than the pool can ever give "
                                     f"({bm.num_usable_blocks} blocks)")
@@ -372,8 +388,8 @@ class Scheduler:
                 count = min(len(leader) - cached - (1 if followers else 0), room)  # 0: nothing until they join
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
-                count = len(leader) - cached
-                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
+                count = len(leader.token_ids) - cached
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
@@ -392,10 +408,11 @@ class Scheduler:
             self._kv_events += 1
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
             self.num_cached_tokens += cached
-            self.num_prompt_tokens += sum(len(s) for s in seqs)
+            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            if followers:
+                self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
             self._join_running(group)
             admitted.append(group)
             leader.num_computed_tokens = cached
@@ -409,7 +426,7 @@ class Scheduler:
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
             if self.prefix_caching:
                 for seq in seqs:
-                    if self._resident(seq):
+                    if self._resident(seq) and len(seq.token_ids) >= bm.block_size:  # it has a full block
                         bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
 
     def _schedule_chunk(self, builder: PlanBuilder, budget: list[int], seq: Sequence, count: int) -> None:
@@ -481,12 +498,15 @@ class Scheduler:
             self.block_manager.fork(source.seq_id, seq.seq_id, blocks)
         seq.num_computed_tokens = tokens
 
-    def _running_batch(self) -> tuple[list[Sequence], np.ndarray]:
+    def _running_batch(self) -> DecodeBatch:
         """Decoding sequences of the running groups (partial ones excluded), FCFS, and their
-        block-table rows i64[n] (cached)."""
+        block-table rows (cached until the running set changes)."""
         if self._batch is None:
-            running = SequenceStatus.RUNNING
-            partial = {id(g) for g in self._partial}
-            seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
-            self._batch = seqs, self.block_manager.rows_of([s.seq_id for s in seqs])
+            if not self._partial and self._num_multi_running == 0:  # one running sequence per group
+                seqs = [g.seqs[0] for g in self.running]
+            else:
+                running = SequenceStatus.RUNNING
+                partial = {id(g) for g in self._partial}
+                seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
+            self._batch = DecodeBatch(seqs, self.block_manager.rows_of([s.seq_id for s in seqs]))
         return self._batch

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from jpaged.decode_batch import DecodeBatch
     from jpaged.kv_manager import KVCacheManager
     from jpaged.sequence import Sequence
 
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
+_EMPTY_PAIRS.flags.writeable = False
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -79,6 +81,9 @@ class SampleRows:
     num_top: int  # top candidates per row (2 x the widest beam); 0 without beams
     is_plain: bool  # one row per sequence, no beams, no forks: tokens are appended as they come
     first_token_groups: list  # requests whose first output token this step samples
+    # Set when no row reaches its length limit with this step's token: then a row can only end by
+    # sampling one of these tokens (the stop checks test the batch at once). None: check each row.
+    stop_tokens: frozenset[int] | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -120,6 +125,7 @@ class StepPlan:
     logits_indices: np.ndarray  # i32[S] token row whose logits each sequence may sample from
     sampling: SampleRows | None = None  # who samples after the step (None: nobody)
     num_prefill_tokens: int = 0  # real tokens that are prompt chunks (or recomputed history), not decodes
+    # The pairs default to one shared read-only empty array.
     copy_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (src, dst) device blocks, copy-on-write
     swap_in_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (host, device) blocks to copy in
     swap_out_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (device, host) blocks to copy out
@@ -156,6 +162,7 @@ class PlanBuilder:
     def __init__(self, kv_manager: KVCacheManager):
         self.kv = kv_manager
         self._segments: list[tuple[list[Sequence], np.ndarray, np.ndarray | None, np.ndarray]] = []
+        self._decodes: DecodeBatch | None = None  # the running batch, when its decodes are a segment
         self._copies: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swap_out: list[tuple[int, int]] = []
@@ -164,7 +171,13 @@ class PlanBuilder:
             copies: list[tuple[int, int]]) -> None:
         """Adds scheduled sequences (their slots are already taken: `kv.num_tokens` includes them)."""
         self._segments.append((seqs, rows, counts, slots))
-        self._copies += copies
+        if copies:
+            self._copies += copies
+
+    def add_decodes(self, batch: DecodeBatch, slots: np.ndarray, copies: list[tuple[int, int]]) -> None:
+        """Adds the running batch's decodes, one token each (`batch.advance()` counted this step)."""
+        self._decodes = batch
+        self.add(batch.seqs, batch.rows, None, slots, copies)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """Host-to-device block copies to apply before the step."""
@@ -177,6 +190,26 @@ class PlanBuilder:
     def build(self, all_single: bool) -> StepPlan:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
         segments = self._segments
+        batch = self._decodes
+        if batch is not None and len(segments) == 1 and all_single:  # the steady state: the batch decodes
+            seqs, rows, _, slots = segments[0]
+            plan = self._decode_plan(seqs, rows, slots, last_tokens=True, longest=batch.longest_context)
+            n = len(seqs)
+            plan.sampling = SampleRows(seqs, plan.logits_indices[:n], None, 0, True, [],
+                                       batch.stop_tokens if batch.stops_only_by_token else None)
+            plan.seqs = seqs
+        else:
+            plan = self._general_plan(segments, all_single)
+        if self._copies:
+            plan.copy_pairs = pairs_array(self._copies)
+        if self._swap_in:
+            plan.swap_in_pairs = pairs_array(self._swap_in)
+        if self._swap_out:
+            plan.swap_out_pairs = pairs_array(self._swap_out)
+        return plan
+
+    def _general_plan(self, segments, all_single: bool) -> StepPlan:
+        """Any mix of segments (prompt chunks, decodes, swapped-in groups, forks)."""
         if len(segments) == 1:
             seqs, rows, counts, slots = segments[0]
         elif segments:
@@ -196,63 +229,81 @@ class PlanBuilder:
         plan.seqs = seqs
         plan.sampling = _sample_rows(segments, all_single)
         plan.num_prefill_tokens = sum(int(seg[2].sum()) for seg in segments if seg[2] is not None)
-        plan.copy_pairs = pairs_array(self._copies)
-        plan.swap_in_pairs = pairs_array(self._swap_in)
-        plan.swap_out_pairs = pairs_array(self._swap_out)
         return plan
 
     def _table(self, rows: np.ndarray, longest: int, size: int) -> np.ndarray:
+        """i32[size, M] the rows' block tables, M bucketed to the longest context, padding rows 0."""
         kv = self.kv
         width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
-        if len(rows) == size:  # no padded rows: the gather is already a fresh array
-            return kv.block_tables[rows, :width]
+        # take() along axis 0 copies whole rows in one pass: several times cheaper than fancy
+        # indexing with a column slice on batches of tens of rows.
+        gathered = kv.block_tables.take(rows, axis=0)
+        if len(rows) == size:
+            return gathered if width == gathered.shape[1] else np.ascontiguousarray(gathered[:, :width])
         tables = np.zeros((size, width), np.int32)
-        tables[: len(rows)] = kv.block_tables[rows, :width]
+        tables[: len(rows)] = gathered[:, :width]
         return tables
 
-    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool) -> StepPlan:
+    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool,
+                     longest: int | None = None) -> StepPlan:
         """One token per sequence: T == S. With `last_tokens` each is its sequence's last (decodes),
-        else some may be one-token prompt chunks."""
+        else some may be one-token prompt chunks. `longest`: the longest context, if known."""
         n = len(seqs)
         size = bucket(n)
         # One allocation for the four per-row vectors (this runs every decode step).
         token_ids, positions, slot_mapping, context_lens = np.zeros((4, size), np.int32)
-        lengths = self.kv.num_tokens[rows]  # tokens with a slot, this step's included
+        lengths = self.kv.num_tokens.take(rows)  # tokens with a slot, this step's included
         context_lens[:n] = lengths
-        positions[:n] = lengths - 1
+        np.subtract(lengths, 1, out=positions[:n])
         slot_mapping[:n] = slots
         if last_tokens:
             token_ids[:n] = [s.token_ids[-1] for s in seqs]
         else:
             token_ids[:n] = [s.token_ids[p] for s, p in zip(seqs, positions[:n].tolist())]
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        tables = self._table(rows, int(lengths.max()) if n else 1, size)
+        if longest is None:
+            longest = int(lengths.max()) if n else 1
+        tables = self._table(rows, longest, size)
         return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         tables, logits_indices)
 
     def _mixed_plan(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> StepPlan:
         """Any mix: sequence i computes positions [start_i, start_i + counts[i]) of its context."""
-        n, total = len(seqs), int(counts.sum())
-        size_s, size_t = bucket(n), bucket(total, minimum=16)
-        ends = self.kv.num_tokens[rows]  # context after this step's writes
+        n = len(seqs)
+        ends = self.kv.num_tokens.take(rows)  # context after this step's writes
         starts = ends - counts
+        offsets = counts.cumsum()  # [n] end row of each sequence's tokens
+        total = int(offsets[-1])
+        size_s, size_t = bucket(n), bucket(total, minimum=16)
+        # Per-token rows (one allocation): token ids, positions, slots; per-sequence rows likewise.
+        token_ids, positions, slot_mapping = np.zeros((3, size_t), np.int32)
+        context_lens, logits_indices = np.zeros((2, size_s), np.int32)
         query_start_loc = np.full(size_s + 1, total, np.int32)
         query_start_loc[0] = 0
-        query_start_loc[1: n + 1] = np.cumsum(counts)
-        token_ids = np.zeros(size_t, np.int32)
-        positions = np.zeros(size_t, np.int32)
-        positions[:total] = np.arange(total) - np.repeat(query_start_loc[:n] - starts, counts)
-        for i, seq in enumerate(seqs):
-            token_ids[query_start_loc[i]: query_start_loc[i + 1]] = seq.token_ids[starts[i]: ends[i]]
-        slot_mapping = np.zeros(size_t, np.int32)
+        query_start_loc[1: n + 1] = offsets
+        # Row r of sequence i holds position starts[i] + (r - qsl[i]).
+        positions[:total] = _arange(total) - (query_start_loc[:n] - starts).repeat(counts)
+        tokens: list[int] = []
+        for seq, start, end in zip(seqs, starts.tolist(), ends.tolist()):
+            if end - start == 1:  # a decode (or a one-token chunk)
+                tokens.append(seq.token_ids[start])
+            else:
+                tokens += seq.token_ids[start:end]
+        token_ids[:total] = tokens
         slot_mapping[:total] = slots
-        context_lens = np.zeros(size_s, np.int32)
         context_lens[:n] = ends
-        logits_indices = np.zeros(size_s, np.int32)
-        logits_indices[:n] = query_start_loc[1: n + 1] - 1
+        np.subtract(offsets, 1, out=logits_indices[:n])
         tables = self._table(rows, int(ends.max()), size_s)
         return StepPlan(n, total, int(counts.max()), token_ids, positions, slot_mapping, query_start_loc,
                         context_lens, tables, logits_indices)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int) -> np.ndarray:
+    """i32[n] 0, 1, ..., n - 1 (read-only, shared)."""
+    values = np.arange(n, dtype=np.int32)
+    values.flags.writeable = False
+    return values
 
 
 def _sample_rows(segments, all_single: bool) -> SampleRows | None:
