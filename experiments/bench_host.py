@@ -66,7 +66,7 @@ class NullExecutor:
         if rows is None:
             return ModelOutput([], None, None, None, 0.0)
         top_ids, top_logprobs = synthetic_candidates(rows) if rows.num_top else (None, None)
-        return ModelOutput([SIMULATED_TOKEN] * len(rows), None, top_ids, top_logprobs, 0.0)
+        return ModelOutput([SIMULATED_TOKEN] * len(rows.seqs), None, top_ids, top_logprobs, 0.0)
 
     def now(self) -> float:
         """A clock that never moves: the whole trace arrives at time 0."""

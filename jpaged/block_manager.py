@@ -43,12 +43,14 @@ class BlockManager:
         # Stacks: pop() hands out the lowest id first, which keeps pictures of the pool readable.
         self._free = list(range(num_blocks - 1, 0, -1))
         self._host_free = list(range(num_host_blocks - 1, -1, -1))
-        rows = max(1, max_seqs)
+        rows = max(1, max_seqs) + 1  # row 0 is reserved (see kv_manager.KVCacheManager)
         self.block_tables = np.zeros((rows, self.max_blocks_per_seq), dtype=np.int32)  # [rows, M]
         self.num_table_blocks = np.zeros(rows, dtype=np.int32)  # [rows] logical blocks in use per row
         self.num_tokens = np.zeros(rows, dtype=np.int32)  # [rows] tokens that have a slot per row
-        self._free_rows = list(range(rows - 1, -1, -1))
+        self._free_rows = list(range(rows - 1, 0, -1))
         self._row_of: dict[int, int] = {}  # seq id -> row of a resident (device) sequence
+        # Row -> how far its blocks are in the prefix cache as its own (PrefixCache.insert's path).
+        self._cache_paths: dict[int, tuple] = {}
         self._host_tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
         self._swapped_sets: dict[tuple[int, ...], int] = {}  # seq ids swapped out together -> distinct host blocks
         # Cached blocks without references stay off the free list until evicted on demand.
@@ -188,8 +190,13 @@ class BlockManager:
             return
         row = self.row_of(seq_id)
         num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
+        resume = self._cache_paths.get(row)
+        if resume is not None and resume[1] >= num_full:
+            return  # every full block is in the tree already
         keys = block_keys(token_ids, self.block_size, keys)[:num_full]
-        self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt)
+        path = self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt, resume)
+        if path is not None:
+            self._cache_paths[row] = path
 
     def free(self, seq_id: int) -> None:
         """Drops a sequence's references (device or host); blocks whose count reaches 0 become free."""
@@ -299,8 +306,12 @@ class BlockManager:
         if len(free) >= count:  # the usual case: one slice off the stack, lowest ids first
             blocks = free[-count:][::-1]
             del free[-count:]
-        else:
-            blocks = [self._take_block() for _ in range(count)]
+        else:  # the free ones, then unreferenced cached blocks (room was checked)
+            evicted = self.prefix_cache.evict_many(count - len(free)) if self.prefix_cache is not None else []
+            if len(free) + len(evicted) < count:
+                raise RuntimeError("out of device blocks: callers must check can_allocate / append_slots first")
+            blocks = free[::-1] + evicted
+            free.clear()
         self.block_tables[row, first: first + count] = blocks
         self.refcount[blocks] = 1
         self.num_table_blocks[row] = first + count
@@ -310,14 +321,19 @@ class BlockManager:
         # Python loop only over the rows that open a block (or copy a shared one).
         bs = self.block_size
         pos = self.num_tokens[rows]  # [n] position of each row's new token
-        logical, offset = np.divmod(pos, bs)
+        logical, offset = np.divmod(pos, bs)  # [n] the block it lands in, and where in it
         # Table entries past a row's blocks are 0 and refcount[0] is 0, so a row that opens a new
         # block never looks shared. An index past the table width raises IndexError: the engine
         # finishes every sequence at max_model_len, so that is a caller bug.
         last = self.block_tables[rows, logical]  # [n] physical block each row writes into
-        needs = (offset == 0) | (self.refcount[last] > 1) if may_share else offset == 0
         copy_pairs: list[tuple[int, int]] = []
-        if needs.any():
+        if may_share:
+            needs = (offset == 0) | (self.refcount[last] > 1)
+            needs_any = needs.any()
+        else:  # only rows at a block boundary need a block (count_nonzero is the cheapest test)
+            needs_any = np.count_nonzero(offset) < len(offset)
+            needs = offset == 0 if needs_any else None
+        if needs_any:
             needs_block = needs.nonzero()[0].tolist()
             if len(needs_block) > self.num_free_blocks:
                 return None
@@ -484,6 +500,7 @@ class BlockManager:
         self._free_rows.extend(range(2 * old - 1, old - 1, -1))
 
     def _clear_row(self, row: int) -> None:
+        self._cache_paths.pop(row, None)
         self.block_tables[row, : self.num_table_blocks[row]] = 0
         self.num_table_blocks[row] = 0
         self.num_tokens[row] = 0
@@ -500,8 +517,4 @@ class BlockManager:
         if cache is None or free_list is self._host_free:
             free_list.extend(unreferenced)
             return
-        for block in unreferenced:
-            if block in cache:
-                cache.release(block)
-            else:
-                free_list.append(block)
+        free_list.extend(cache.release_all(unreferenced))

@@ -14,16 +14,22 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.sequence import Sequence
+from jpaged.step_plan import bucket
 
 
 class DecodeBatch:
     """Decoding sequences, FCFS, with what their steps share (see the module docstring)."""
 
-    __slots__ = ("seqs", "rows", "stop_tokens", "num_steps", "_steps_before_limit", "_longest")
+    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "_steps_before_limit",
+                 "_longest")
 
     def __init__(self, seqs: list[Sequence], rows: np.ndarray):
         self.seqs = seqs
+        # Each sequence's token list (the same list object for its whole life): the step reads
+        # and appends through these without per-row attribute lookups.
+        self.token_lists = [s.token_ids for s in seqs]
         self.rows = rows  # i64[n] block-table row of each sequence
+        self.padded_rows = _padded(rows)  # i64[S] the rows, then reserved row 0 up to the step's padded size
         groups = [s.group for s in seqs]
         lengths = [len(s.token_ids) for s in seqs]
         self.stop_tokens: frozenset[int] = frozenset().union(*[g.stop_set for g in groups])
@@ -39,7 +45,8 @@ class DecodeBatch:
         an earlier limit only send more steps through the exact per-row checks. Its longest
         context is no longer known (None)."""
         kept = DecodeBatch.__new__(DecodeBatch)
-        kept.seqs, kept.rows = self.seqs[:-count], self.rows[:-count]
+        kept.seqs, kept.token_lists, kept.rows = self.seqs[:-count], self.token_lists[:-count], self.rows[:-count]
+        kept.padded_rows = _padded(kept.rows)
         kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
         kept._steps_before_limit, kept._longest = self._steps_before_limit, None
         return kept
@@ -58,3 +65,10 @@ class DecodeBatch:
         """True when no sequence reaches its length limit with the token the current step samples:
         then only sampling one of `stop_tokens` can end a sequence."""
         return self.num_steps < self._steps_before_limit
+
+
+def _padded(rows: np.ndarray) -> np.ndarray:
+    """i64[bucket(n)] `rows` then zeros: padding rows read the reserved row 0."""
+    padded = np.zeros(bucket(len(rows)), np.int64)
+    padded[: len(rows)] = rows
+    return padded

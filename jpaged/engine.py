@@ -148,7 +148,7 @@ class LLMEngine:
             logger.warning("ending request %s: %s", group.request_id, reason)
             self.postprocessor.finish_group(group, self.executor.now(), SequenceStatus.FINISHED_ABORTED, error=reason)
         plan = out.plan
-        if not (plan.is_empty and not plan.has_block_ops):
+        if plan.num_seqs or plan.has_block_ops:
             started = self.executor.now()
             result = self._execute(plan)
             now = self.executor.now()
@@ -186,7 +186,7 @@ class LLMEngine:
                 for group, error in failures.items():
                     self.postprocessor.fail_group(group, now, error)
                 plan.sampling = step_guard.without_groups(plan.sampling, failures)
-        num_rows = 0 if plan.sampling is None else len(plan.sampling)
+        num_rows = 0 if plan.sampling is None else len(plan.sampling.seqs)
         if len(result.token_ids) != num_rows:
             raise RuntimeError(f"{type(self.executor).__name__}.execute returned {len(result.token_ids)} tokens "
                                f"for {num_rows} sample rows")

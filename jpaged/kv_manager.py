@@ -28,6 +28,8 @@ class KVCacheManager(Protocol):
     """What the scheduler needs from a KV memory manager."""
 
     block_size: int  # token slots per block
+    # Row 0 is reserved: it never holds a sequence (no tokens, a table of zeros), so a step's
+    # padding rows gather it (like block 0, which padded writes land in).
     block_tables: np.ndarray  # i32[rows, max_blocks_per_seq] physical block of each logical block
     num_tokens: np.ndarray  # i32[rows] tokens of each row that have a slot
     num_table_blocks: np.ndarray  # i32[rows] logical blocks in use per row

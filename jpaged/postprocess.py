@@ -11,6 +11,7 @@ Pure Python + numpy: no jax import.
 
 from __future__ import annotations
 
+import collections
 import logging
 
 from jpaged import beam_search
@@ -45,13 +46,12 @@ class Postprocessor:
             for group in rows.first_token_groups:
                 group.first_token_time = now
             if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(tokens):
-                # The steady state: no row reaches its length limit or samples a stop token.
-                if logprobs is None:
-                    for seq, token in zip(rows.seqs, tokens):
-                        seq.token_ids.append(token)
-                else:
-                    for seq, token, logprob in zip(rows.seqs, tokens, logprobs):
-                        seq.token_ids.append(token)
+                # The steady state: no row reaches its length limit or samples a stop token, so
+                # the tokens are appended as they come (map runs the appends in C; deque drains it).
+                lists = rows.token_lists if rows.token_lists is not None else [s.token_ids for s in rows.seqs]
+                collections.deque(map(list.append, lists, tokens), maxlen=0)
+                if logprobs is not None:
+                    for seq, logprob in zip(rows.seqs, logprobs):
                         seq.cumulative_logprob += logprob
             elif rows.is_plain:
                 if self.num_logprobs and logprobs is not None:

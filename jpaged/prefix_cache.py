@@ -89,18 +89,28 @@ class PrefixCache:
             self._evictable.discard(block)
             self._lru.pop(block, None)
 
-    def insert(self, keys: list[tuple[int, ...]], blocks: list[int], salt: Hashable) -> None:
+    def insert(self, keys: list[tuple[int, ...]], blocks: list[int], salt: Hashable,
+               resume: tuple[_Node, int] | None = None) -> tuple[_Node, int] | None:
         """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
 
         Where the tree already caches the same tokens in another physical block, insertion stops:
         the tree keeps its first copy, and the sequence's own blocks are freed normally.
+
+        `resume` is what an earlier insert of the same (still resident) sequence returned: its
+        first blocks are already in the tree as its own, referenced and so never evicted, and the
+        walk starts below them. Returns the same for the next insert (the sequence's deepest own
+        node and how many of its blocks are in the tree), or None if none is.
         """
-        node = self._roots.setdefault(salt, _Node(None, -1, None))
-        for key, block in zip(keys, blocks):
+        if resume is None:
+            node, start = self._roots.setdefault(salt, _Node(None, -1, None)), 0
+        else:
+            node, start = resume
+        done = start
+        for key, block in zip(keys[start:], blocks[start:]):
             child = node.children.get(key)
             if child is None:
                 if block in self._node_of_block:  # already cached under another prefix
-                    return
+                    break
                 child = _Node(key, block, node)
                 node.children[key] = child
                 self._node_of_block[block] = child
@@ -108,8 +118,10 @@ class PrefixCache:
                 # Same tokens, another physical copy: stop here. Below a node, every block a
                 # sequence references keeps its ancestors referenced too, so unreferenced
                 # nodes can always be evicted leaf by leaf (num_evictable is exact).
-                return
+                break
             node = child
+            done += 1
+        return (node, done) if done else None
 
     def release(self, block: int) -> None:
         """Called when a cached block loses its last reference: it stays cached, evictable."""
@@ -118,21 +130,44 @@ class PrefixCache:
         if not node.children:
             self._lru[block] = None
 
+    def release_all(self, blocks: list[int]) -> list[int]:
+        """`release` of each cached block among `blocks` (which lost their last references);
+        returns the others, which the caller frees."""
+        node_of_block, evictable, lru = self._node_of_block, self._evictable, self._lru
+        uncached = []
+        for block in blocks:
+            node = node_of_block.get(block)
+            if node is None:
+                uncached.append(block)
+                continue
+            evictable.add(block)
+            if not node.children:
+                lru[block] = None
+        return uncached
+
     def evict(self) -> int | None:
         """Removes the least recently released unreferenced leaf; returns its block (None if none)."""
-        while self._lru:
-            block, _ = self._lru.popitem(last=False)
-            node = self._node_of_block.get(block)
-            if node is None or node.children or block not in self._evictable or self._is_referenced(block):
+        blocks = self.evict_many(1)
+        return blocks[0] if blocks else None
+
+    def evict_many(self, count: int) -> list[int]:
+        """Removes up to `count` unreferenced leaves, least recently released first (a parent that
+        becomes a leaf queues behind them); returns their blocks."""
+        evicted: list[int] = []
+        lru, node_of_block, evictable = self._lru, self._node_of_block, self._evictable
+        while lru and len(evicted) < count:
+            block, _ = lru.popitem(last=False)
+            node = node_of_block.get(block)
+            if node is None or node.children or block not in evictable or self._is_referenced(block):
                 continue  # stale entry: re-referenced, gained children, or gone
-            del node.parent.children[node.key]
-            del self._node_of_block[block]
-            self._evictable.discard(block)
-            self.num_evictions += 1
             parent = node.parent
-            if parent.block >= 0 and not parent.children and parent.block in self._evictable:
+            del parent.children[node.key]
+            del node_of_block[block]
+            evictable.discard(block)
+            evicted.append(block)
+            if parent.block >= 0 and not parent.children and parent.block in evictable:
                 # Now a leaf: queued behind the blocks released since, so a shared prefix
                 # outlives the tails that hung below it.
-                self._lru[parent.block] = None
-            return block
-        return None
+                lru[parent.block] = None
+        self.num_evictions += len(evicted)
+        return evicted

@@ -442,7 +442,8 @@ class Scheduler:
         """What a held-back admission of `group` depends on besides the free blocks (fewer of which
         cannot help): the group and its length, every block event since (frees, admissions, forks,
         swaps, cache inserts), the headroom rule and both budgets."""
-        return (id(group), len(group.seqs[0]), self._kv_events, bool(self.running), self._num_running_seqs, budget)
+        return (id(group), len(group.seqs[0].token_ids), self._kv_events, bool(self.running), self._num_running_seqs,
+                budget)
 
     def _may_admit(self) -> bool:
         """Whether new groups may join now (request-level batching closes this between batches)."""

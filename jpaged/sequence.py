@@ -121,7 +121,7 @@ class Sequence:
         self.seq_id = seq_id
         self.index = index  # which sample of its request (seeds its random stream; output order)
         self.prompt_len = len(prompt_token_ids)
-        self.token_ids: list[int] = list(prompt_token_ids)  # prompt then outputs
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt then outputs (one list object for life)
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache (or scheduled into it this step)
         self.cumulative_logprob = 0.0
         self.status = SequenceStatus.WAITING

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
+_last = operator.itemgetter(-1)
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -84,6 +86,7 @@ class SampleRows:
     # Set when no row reaches its length limit with this step's token: then a row can only end by
     # sampling one of these tokens (the stop checks test the batch at once). None: check each row.
     stop_tokens: frozenset[int] | None = None
+    token_lists: list[list[int]] | None = None  # [R] each row's `seq.token_ids`, when the running batch has them
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -191,15 +194,9 @@ class PlanBuilder:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
         segments = self._segments
         batch = self._decodes
-        if batch is not None and len(segments) == 1 and all_single:  # the steady state: the batch decodes
-            seqs, rows, _, slots = segments[0]
-            plan = self._decode_plan(seqs, rows, slots, last_tokens=True, longest=batch.longest_context)
-            n = len(seqs)
-            plan.sampling = SampleRows(seqs, plan.logits_indices[:n], None, 0, True, [],
-                                       batch.stop_tokens if batch.stops_only_by_token else None)
-            plan.seqs = seqs
-        else:
-            plan = self._general_plan(segments, all_single)
+        if batch is not None and len(segments) == 1 and all_single and not (self._copies or self._swap_out):
+            return self._batch_plan(batch, segments[0][3])  # the steady state: the batch decodes
+        plan = self._general_plan(segments, all_single)
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
         if self._swap_in:
@@ -207,6 +204,35 @@ class PlanBuilder:
         if self._swap_out:
             plan.swap_out_pairs = pairs_array(self._swap_out)
         return plan
+
+    def _batch_plan(self, batch: DecodeBatch, slots: np.ndarray) -> StepPlan:
+        """The running batch's decode step (no forks, no block copies): `_decode_plan`'s arrays,
+        gathered through the batch's padded rows (padding reads reserved row 0: no tokens, a zero
+        table) and with what the batch already knows (longest context, stop tokens) not recomputed."""
+        kv = self.kv
+        seqs, padded_rows = batch.seqs, batch.padded_rows
+        n, size = len(seqs), len(padded_rows)
+        token_ids, slot_mapping = np.zeros((2, size), np.int32)
+        context_lens = kv.num_tokens.take(padded_rows)  # i32[S] tokens with a slot, this step's included
+        positions = context_lens - 1
+        positions[n:] = 0
+        slot_mapping[:n] = slots
+        token_ids[:n] = list(map(_last, batch.token_lists))
+        query_start_loc, logits_indices = _decode_ranges(n, size)
+        longest = batch.longest_context
+        if longest is None:
+            longest = int(context_lens.max())
+        tables = kv.block_tables.take(padded_rows, axis=0)  # i32[S, max_blocks_per_seq]
+        width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
+        if width < tables.shape[1]:
+            tables = np.ascontiguousarray(tables[:, :width])
+        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [],
+                              batch.stop_tokens if batch.stops_only_by_token else None, batch.token_lists)
+        return StepPlan(n, n, 1, token_ids, positions, slot_mapping, query_start_loc, context_lens, tables,
+                        logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)
+
+    def _swap_in_pairs(self) -> np.ndarray:
+        return pairs_array(self._swap_in) if self._swap_in else _EMPTY_PAIRS
 
     def _general_plan(self, segments, all_single: bool) -> StepPlan:
         """Any mix of segments (prompt chunks, decodes, swapped-in groups, forks)."""
@@ -244,10 +270,9 @@ class PlanBuilder:
         tables[: len(rows)] = gathered[:, :width]
         return tables
 
-    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool,
-                     longest: int | None = None) -> StepPlan:
+    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool) -> StepPlan:
         """One token per sequence: T == S. With `last_tokens` each is its sequence's last (decodes),
-        else some may be one-token prompt chunks. `longest`: the longest context, if known."""
+        else some may be one-token prompt chunks."""
         n = len(seqs)
         size = bucket(n)
         # One allocation for the four per-row vectors (this runs every decode step).
@@ -261,9 +286,7 @@ class PlanBuilder:
         else:
             token_ids[:n] = [s.token_ids[p] for s, p in zip(seqs, positions[:n].tolist())]
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        if longest is None:
-            longest = int(lengths.max()) if n else 1
-        tables = self._table(rows, longest, size)
+        tables = self._table(rows, int(lengths.max()) if n else 1, size)
         return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         tables, logits_indices)
 

@@ -50,14 +50,14 @@ class ContiguousBlockManager:
         self.policy = policy
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.buddy = BuddyAllocator(num_blocks - 1)  # unit = one block; unit u is block u + 1
-        rows = max(1, max_seqs)
+        rows = max(1, max_seqs) + 1  # row 0 is reserved (see kv_manager.KVCacheManager)
         self.block_tables = np.zeros((rows, self.max_blocks_per_seq), dtype=np.int32)  # [rows, M]
         self.num_table_blocks = np.zeros(rows, dtype=np.int32)  # [rows] blocks holding tokens
         self.num_tokens = np.zeros(rows, dtype=np.int32)  # [rows] tokens that have a slot
         self.base = np.zeros(rows, dtype=np.int64)  # [rows] first block id of the row's region
         self.region_blocks = np.zeros(rows, dtype=np.int64)  # [rows] blocks in the region (a power of two)
         self.final_len = np.zeros(rows, dtype=np.int64)  # [rows] prompt + max_tokens of the sequence
-        self._free_rows = list(range(rows - 1, -1, -1))
+        self._free_rows = list(range(rows - 1, 0, -1))
         self._row_of: dict[int, int] = {}  # seq id -> row
         # Groups of forked sequences, keyed by the id of the sequence admitted first (the root).
         self._family: dict[int, int] = {}  # seq id -> root id
