@@ -302,16 +302,7 @@ class BlockManager:
 
     def _open_blocks(self, row: int, first: int, count: int) -> None:
         """Appends `count` fresh blocks to `row`'s table from logical index `first` (room was checked)."""
-        free = self._free
-        if len(free) >= count:  # the usual case: one slice off the stack, lowest ids first
-            blocks = free[-count:][::-1]
-            del free[-count:]
-        else:  # the free ones, then unreferenced cached blocks (room was checked)
-            evicted = self.prefix_cache.evict_many(count - len(free)) if self.prefix_cache is not None else []
-            if len(free) + len(evicted) < count:
-                raise RuntimeError("out of device blocks: callers must check can_allocate / append_slots first")
-            blocks = free[::-1] + evicted
-            free.clear()
+        blocks = self._take_blocks(count)
         self.block_tables[row, first: first + count] = blocks
         self.refcount[blocks] = 1
         self.num_table_blocks[row] = first + count
@@ -334,10 +325,17 @@ class BlockManager:
             needs_any = np.count_nonzero(offset) < len(offset)
             needs = offset == 0 if needs_any else None
         if needs_any:
-            needs_block = needs.nonzero()[0].tolist()
+            needs_block = needs.nonzero()[0]
             if len(needs_block) > self.num_free_blocks:
                 return None
-            for i in needs_block:
+            if not may_share:  # every such row opens a block: all at once
+                blocks = self._take_blocks(len(needs_block))
+                opening, index = rows[needs_block], logical[needs_block]
+                self.block_tables[opening, index] = blocks
+                self.refcount[blocks] = 1
+                self.num_table_blocks[opening] = index + 1
+                last[needs_block] = blocks
+            for i in needs_block.tolist() if may_share else ():
                 row, idx = int(rows[i]), int(logical[i])
                 src = int(last[i])
                 if src == 0:  # the row's last block is full: open a new one
@@ -475,6 +473,21 @@ class BlockManager:
         return token, future - token, num_allocated * bs - future, 0
 
     # ------------------------------------------------------------------ internals
+
+    def _take_blocks(self, count: int) -> list[int]:
+        """`count` free device blocks: free ones first (lowest ids first), then unreferenced cached
+        blocks, least recently used first (callers checked there is room)."""
+        free = self._free
+        if len(free) >= count:  # the usual case: one slice off the stack
+            blocks = free[-count:][::-1]
+            del free[-count:]
+            return blocks
+        evicted = self.prefix_cache.evict_many(count - len(free)) if self.prefix_cache is not None else []
+        if len(free) + len(evicted) < count:
+            raise RuntimeError("out of device blocks: callers must check can_allocate / append_slots first")
+        blocks = free[::-1] + evicted
+        free.clear()
+        return blocks
 
     def _take_block(self) -> int:
         """A free device block, evicting the least recently used unreferenced cached block if needed."""
