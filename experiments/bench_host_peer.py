@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -79,6 +80,8 @@ def _serve_nanovllm(bench: BenchHostConfig, peer_path: str, trace: dict) -> dict
         # nano-vllm refuses temperature 0; sampling never runs here, so the value is immaterial.
         scheduler.add(Sequence(prompt, SamplingParams(temperature=1.0, max_tokens=output_len, ignore_eos=True)))
     steps = seq_steps = 0
+    gc.collect()
+    gc.freeze()  # as jpaged's serving loop does (bench_host.serve): the same heap treatment on both sides
     wall, cpu = time.perf_counter(), time.process_time()
     while not scheduler.is_finished():
         seqs, is_prefill = scheduler.schedule()
@@ -86,6 +89,7 @@ def _serve_nanovllm(bench: BenchHostConfig, peer_path: str, trace: dict) -> dict
         steps += 1
         seq_steps += len(seqs)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    gc.unfreeze()
     return {"steps": steps, "seq_steps": seq_steps, "wall_s": wall, "cpu_s": cpu,
             "us_per_seq_step": wall / seq_steps * 1e6, "cpu_us_per_seq_step": cpu / seq_steps * 1e6}
 
