@@ -11,7 +11,6 @@ Pure Python + numpy: no jax import.
 
 from __future__ import annotations
 
-import collections
 import logging
 
 from jpaged import beam_search
@@ -47,9 +46,10 @@ class Postprocessor:
                 group.first_token_time = now
             if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(tokens):
                 # The steady state: no row reaches its length limit or samples a stop token, so
-                # the tokens are appended as they come (map runs the appends in C; deque drains it).
+                # the tokens are appended as they come.
                 lists = rows.token_lists if rows.token_lists is not None else [s.token_ids for s in rows.seqs]
-                collections.deque(map(list.append, lists, tokens), maxlen=0)
+                for ids, token in zip(lists, tokens):
+                    ids.append(token)
                 if logprobs is not None:
                     for seq, logprob in zip(rows.seqs, logprobs):
                         seq.cumulative_logprob += logprob

@@ -370,9 +370,8 @@ class Scheduler:
             hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
-            shares = [self._share(f) for f in followers] if followers else []
-            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
-                             if followers else 0)
+            shares = [self._share(f) for f in followers]
+            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
             leader_blocks = bm.blocks_for(len(leader.token_ids))
             need = leader_blocks + unique_blocks
             if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
@@ -389,7 +388,7 @@ class Scheduler:
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
                 count = len(leader.token_ids) - cached
-                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
@@ -411,8 +410,7 @@ class Scheduler:
             self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            if followers:
-                self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
             self._join_running(group)
             admitted.append(group)
             leader.num_computed_tokens = cached

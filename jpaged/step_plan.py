@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
-_last = operator.itemgetter(-1)
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -128,7 +126,6 @@ class StepPlan:
     logits_indices: np.ndarray  # i32[S] token row whose logits each sequence may sample from
     sampling: SampleRows | None = None  # who samples after the step (None: nobody)
     num_prefill_tokens: int = 0  # real tokens that are prompt chunks (or recomputed history), not decodes
-    # The pairs default to one shared read-only empty array.
     copy_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (src, dst) device blocks, copy-on-write
     swap_in_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (host, device) blocks to copy in
     swap_out_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (device, host) blocks to copy out
@@ -217,7 +214,7 @@ class PlanBuilder:
         positions = context_lens - 1
         positions[n:] = 0
         slot_mapping[:n] = slots
-        token_ids[:n] = list(map(_last, batch.token_lists))
+        token_ids[:n] = [ids[-1] for ids in batch.token_lists]
         query_start_loc, logits_indices = _decode_ranges(n, size)
         longest = batch.longest_context
         if longest is None:
@@ -232,6 +229,7 @@ class PlanBuilder:
                         logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)
 
     def _swap_in_pairs(self) -> np.ndarray:
+        """i32[P, 2] the step's swap-in pairs (a group swapped in mid-prompt adds none to the rows)."""
         return pairs_array(self._swap_in) if self._swap_in else _EMPTY_PAIRS
 
     def _general_plan(self, segments, all_single: bool) -> StepPlan:
