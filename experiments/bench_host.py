@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
-from jpaged.engine import LLMEngine
+from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.executors.base import ModelOutput
 from jpaged.executors.sim import SIMULATED_TOKEN, synthetic_candidates
 from jpaged.sequence import SamplingParams
@@ -42,6 +42,9 @@ class BenchHostConfig:
     num_samples: int = 1  # n per request; > 1 exercises fork and copy-on-write
     seed: int = 0
     policies: list[str] = dataclasses.field(default_factory=lambda: ["paper", "chunked"])  # scheduler.policy runs
+    # Also time each step and sort the steps by kind (decode only / admits / preempts / finishes a
+    # request): where the host time goes. Adds a clock read per step, so the peer comparison leaves it off.
+    breakdown: bool = False
     cache: CacheConfig = dataclasses.field(default_factory=lambda: CacheConfig(
         block_size=16, num_blocks=984, num_host_blocks=984, enable_prefix_caching=True))  # 983 usable blocks x 16 = 15,728 slots
     scheduler: SchedulerConfig = dataclasses.field(default_factory=lambda: SchedulerConfig(
@@ -95,11 +98,16 @@ def serve(config: BenchHostConfig, policy: str, prompts: list[list[int]], output
     bar = tqdm(total=len(prompts), desc=f"bench_host {policy}", mininterval=1.0, disable=not show_progress)
     # What the process already holds (other experiments, under reproduce_all) is frozen out of the
     # cyclic GC, as vLLM does after start-up: the timing is the engine's, not the heap's size.
+    kinds = StepKinds(engine) if config.breakdown else None
     gc.collect()
     gc.freeze()
     wall, cpu = time.perf_counter(), time.process_time()
-    while engine.has_unfinished():
-        bar.update(len(engine.step()))
+    if kinds is None:
+        while engine.has_unfinished():
+            bar.update(len(engine.step()))
+    else:
+        while engine.has_unfinished():
+            bar.update(len(kinds.step()))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     gc.unfreeze()
     bar.close()
@@ -107,7 +115,40 @@ def serve(config: BenchHostConfig, policy: str, prompts: list[list[int]], output
     seq_steps = engine.num_seq_steps
     return {"policy": policy, "steps": engine.num_steps, "seq_steps": seq_steps, "wall_s": wall, "cpu_s": cpu,
             "us_per_seq_step": wall / seq_steps * 1e6, "cpu_us_per_seq_step": cpu / seq_steps * 1e6,
-            "num_preemptions": stats["num_preemptions"], "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"]}
+            "num_preemptions": stats["num_preemptions"], "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
+            **({"step_kinds": kinds.summary()} if kinds is not None else {})}
+
+
+class StepKinds(EngineObserver):
+    """Times every step (wall clock, the whole of `engine.step()`) and files it under its kind:
+    what the step's scheduling did (admitted, preempted) and whether a request finished in it."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self.kind = "decode"
+        self.totals: dict[str, list[float]] = {}  # kind -> [steps, seconds]
+        engine.observers.append(self)
+
+    def on_step_end(self, engine, out, outputs, end) -> None:
+        """Names the step that just ended."""
+        kind = "+".join(name for name, happened in (("admit", out.admitted), ("preempt", out.num_preempted),
+                                                    ("finish", any(o.finished for o in outputs))) if happened)
+        self.kind = kind or "decode"
+
+    def step(self) -> list:
+        """One timed `engine.step()`."""
+        start = time.perf_counter()
+        outputs = self.engine.step()
+        total = self.totals.setdefault(self.kind, [0, 0.0])
+        total[0] += 1
+        total[1] += time.perf_counter() - start
+        return outputs
+
+    def summary(self) -> dict:
+        """Per kind: steps, share of the loop's time, and microseconds per step."""
+        loop = sum(seconds for _, seconds in self.totals.values())
+        return {kind: {"steps": steps, "share": seconds / loop, "us_per_step": seconds / steps * 1e6}
+                for kind, (steps, seconds) in sorted(self.totals.items(), key=lambda item: -item[1][1])}
 
 
 def trace_prompts(config: BenchHostConfig) -> tuple[list[list[int]], list[int]]:
@@ -128,6 +169,9 @@ def run(config: BenchHostConfig) -> dict:
         print(f"{r['policy']:<8} steps {r['steps']}  seq_steps {r['seq_steps']}  "
               f"us_per_seq_step {r['us_per_seq_step']:.3f} (cpu {r['cpu_us_per_seq_step']:.3f})  "
               f"wall_s {r['wall_s']:.2f}  num_preemptions {r['num_preemptions']}")
+        for kind, row in r.get("step_kinds", {}).items():
+            print(f"    {kind:<22} steps {row['steps']:>6}  {row['share']:6.1%} of the loop  "
+                  f"{row['us_per_step']:7.1f} us/step")
     write_json(REPO_ROOT / config.output, result)
     return result
 
