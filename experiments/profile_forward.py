@@ -42,7 +42,7 @@ import numpy as np
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.checkpoint import load_params
 from jpaged.config import ModelConfig
-from jpaged.models.kv_pool import init_kv_pool
+from jpaged.models.kv_pool import init_kv_pool, storage_dtype
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
 from jpaged.models.runner import ModelRunner, step_arrays
 from jpaged.sampling import sample
@@ -182,7 +182,9 @@ def run(config: ProfileForwardConfig) -> dict:
             arrays, num_blocks = _case_arrays(spec, config, num_seqs, context_len, num_query)
             runner = ModelRunner(spec, params, block_size=config.block_size,
                                  attention_backend=config.model.attention_backend, per_layer_weights=per_layer)
-            pool = init_kv_pool(spec, num_blocks, config.block_size, dtype)
+            # Stored as the engine stores it (bfloat16 as its bits on CPU, kv_pool.storage_dtype).
+            pool = init_kv_pool(spec, num_blocks, config.block_size,
+                                storage_dtype(dtype, attention_backend=config.model.attention_backend))
             result, _ = profile_case(runner, pool, arrays, num_seqs, config.steps)
             case = {"layout": layout, "kind": kind, "num_seqs": num_seqs, "context_len": context_len,
                     "query_tokens": num_seqs * num_query, **result, "load_average": os.getloadavg()}

@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.common import layer_stack
+from pallas_kernels.common import as_bits, from_bits, kv_dtype, layer_stack
 
 
 def _check_pool(name: str, pages: jax.Array) -> None:
@@ -59,9 +59,12 @@ def write_kv(
     layers = jnp.broadcast_to(layer, blocks.shape)  # [T]
     # Array indices split by a slice index [T, Hkv, D]: exactly the layout of k_new. Out-of-pool
     # slots are a caller bug; drop them rather than clamp onto a live block.
-    k_stack = k_stack.at[layers, :, blocks, offsets].set(k_new.astype(k_stack.dtype), mode="drop")
-    v_stack = v_stack.at[layers, :, blocks, offsets].set(v_new.astype(v_stack.dtype), mode="drop")
-    return k_stack.reshape(k_pages.shape), v_stack.reshape(v_pages.shape)
+    # 16-bit floats are scattered as their bits (common.as_bits: no float32 copy of the pool); a
+    # uint16 pool holds bfloat16 bits (common.kv_dtype).
+    k_bits = as_bits(k_stack).at[layers, :, blocks, offsets].set(as_bits(k_new.astype(kv_dtype(k_stack))), mode="drop")
+    v_bits = as_bits(v_stack).at[layers, :, blocks, offsets].set(as_bits(v_new.astype(kv_dtype(v_stack))), mode="drop")
+    return (from_bits(k_bits, k_stack.dtype).reshape(k_pages.shape),
+            from_bits(v_bits, v_stack.dtype).reshape(v_pages.shape))
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -81,9 +84,10 @@ def copy_blocks(
     if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype != jnp.int32:
         raise ValueError(f"pairs: expected int32[P, 2], got {pairs.dtype}{list(pairs.shape)}")
     src, dst = pairs[:, 0], pairs[:, 1]  # [P], [P]
-    k_pages = k_pages.at[..., dst, :, :].set(k_pages[..., src, :, :])
-    v_pages = v_pages.at[..., dst, :, :].set(v_pages[..., src, :, :])
-    return k_pages, v_pages
+    k_bits, v_bits = as_bits(k_pages), as_bits(v_pages)  # 16-bit floats move as bits (common.as_bits)
+    k_bits = k_bits.at[..., dst, :, :].set(k_bits[..., src, :, :])
+    v_bits = v_bits.at[..., dst, :, :].set(v_bits[..., src, :, :])
+    return from_bits(k_bits, k_pages.dtype), from_bits(v_bits, v_pages.dtype)
 
 
 @jax.jit
@@ -94,7 +98,7 @@ def gather_blocks(
     """Read whole blocks out of a pool (swap out: device pool -> blocks bound for host memory)."""
     _check_pool("pages", pages)
     _check_int32("block_ids", block_ids, 1)
-    return pages[..., block_ids, :, :]
+    return from_bits(as_bits(pages)[..., block_ids, :, :], pages.dtype)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
@@ -112,4 +116,5 @@ def scatter_blocks(
     expected = pages.shape[:-3] + (block_ids.shape[0],) + pages.shape[-2:]
     if blocks.shape != expected:
         raise ValueError(f"blocks: expected shape {list(expected)}, got {list(blocks.shape)}")
-    return pages.at[..., block_ids, :, :].set(blocks.astype(pages.dtype))
+    bits = as_bits(pages).at[..., block_ids, :, :].set(as_bits(blocks.astype(pages.dtype)))  # bits in, bits out
+    return from_bits(bits, pages.dtype)

@@ -102,15 +102,39 @@ def layer_stack(k_pages: jax.Array, v_pages: jax.Array, layer) -> tuple[jax.Arra
     return k_pages, v_pages, layer.astype(jnp.int32)
 
 
+def kv_dtype(pages: jax.Array) -> jnp.dtype:
+    """The float dtype a KV pool holds: bfloat16 for a uint16 pool (bfloat16 stored as its bits,
+    as `jpaged.models.kv_pool.storage_dtype` picks on CPU), else the pool's own dtype."""
+    return jnp.dtype(jnp.bfloat16) if pages.dtype == jnp.uint16 else pages.dtype
+
+
+def as_bits(x: jax.Array) -> jax.Array:
+    """A 16-bit float array as its uint16 bits (a bitcast); other dtypes unchanged.
+
+    Gathers and scatters on the KV pool move 16-bit floats as integers: XLA:CPU has no bf16
+    scatter or gather and otherwise converts the whole pool to float32 and back around each one
+    (every layer, every step). Bits move exactly, so this changes no value.
+    """
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2:
+        return jax.lax.bitcast_convert_type(x, jnp.uint16)
+    return x
+
+
+def from_bits(x: jax.Array, dtype) -> jax.Array:
+    """The inverse of `as_bits` for an array that had `dtype`."""
+    return jax.lax.bitcast_convert_type(x, dtype) if x.dtype != dtype else x
+
+
 def gather_pages(
     pages: jax.Array,  # [L, Hkv, N, Bs, D]
     layer: jax.Array,  # i32[]
     block_ids: jax.Array,  # i32[*I]
-) -> jax.Array:  # [Hkv, *I, Bs, D]
+) -> jax.Array:  # [Hkv, *I, Bs, D] in kv_dtype(pages)
     """Whole blocks of one layer, read with a single gather (the layer is never sliced out first)."""
     layers = jnp.broadcast_to(layer, block_ids.shape)
     # Two array indices separated by a slice put the index dims first: [*I, Hkv, Bs, D].
-    return jnp.moveaxis(pages[layers, :, block_ids], block_ids.ndim, 0)
+    blocks = from_bits(as_bits(pages)[layers, :, block_ids], kv_dtype(pages))
+    return jnp.moveaxis(blocks, block_ids.ndim, 0)
 
 
 def dot_precision(dtype) -> jax.lax.Precision:

@@ -28,12 +28,13 @@ from jpaged.config import EngineConfig
 from jpaged.executors.base import ModelOutput
 from jpaged.checkpoint import load_params, resolve_dtype
 from jpaged.models import decoder
-from jpaged.models.kv_pool import init_kv_pool
+from jpaged.models.kv_pool import init_kv_pool, storage_dtype
 from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from jpaged.sampling import sample
 from jpaged.step_plan import StepPlan, bucket
 from pallas_kernels import cache_ops
+from pallas_kernels.backends import resolve_backend
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ class JaxExecutor:
         block_bytes = (2 * self.spec.num_layers * (self.spec.num_kv_heads // tp) * cache.block_size
                        * self.spec.head_dim * self.dtype.itemsize)
         _check_fits("cache.num_blocks", cache.num_blocks, block_bytes, _device_bytes(), "device memory")
-        make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.dtype)
+        # bfloat16 on CPU is stored as its bits (kv_pool.storage_dtype); the host swap space alike.
+        self.kv_dtype = storage_dtype(self.dtype, attention_backend=resolve_backend(model.attention_backend))
+        make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.kv_dtype)
         if self.mesh is None:
             self.kv_pool = make_pool()
         else:
@@ -107,8 +110,8 @@ class JaxExecutor:
         shape = (self.spec.num_layers, num_local, cache.num_host_blocks, cache.block_size, self.spec.head_dim)
         _check_fits("cache.num_host_blocks", cache.num_host_blocks, 2 * int(np.prod(shape[:2] + shape[3:]))
                     * self.dtype.itemsize, _host_bytes(), "host memory")
-        self.host_k = np.zeros(shape, dtype=self.dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
-        self.host_v = np.zeros(shape, dtype=self.dtype)
+        self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
+        self.host_v = np.zeros(shape, dtype=self.kv_dtype)
         self.vocab_size = self.spec.vocab_size
         self._start = time.perf_counter()
 
@@ -169,7 +172,7 @@ class JaxExecutor:
         device_ids = jnp.asarray(_padded(pairs[:, 1], size))
         updated = []
         for pool, host in ((k_pool, self.host_k), (v_pool, self.host_v)):
-            local = np.zeros(host.shape[:2] + (size,) + host.shape[3:], self.dtype)  # [L, local Hkv, size, Bs, D]
+            local = np.zeros(host.shape[:2] + (size,) + host.shape[3:], host.dtype)  # [L, local Hkv, size, Bs, D]
             local[:, :, : len(pairs)] = host[:, :, pairs[:, 0]]
             shape = pool.shape[:2] + (size,) + pool.shape[3:]
             # Each device receives only its heads' blocks, laid out like the pool it scatters into.

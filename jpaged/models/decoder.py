@@ -58,7 +58,7 @@ class CausalLM(nnx.Module):
     def embed_tokens(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """Token (+ learned position, OPT) embeddings: tokens, positions [...] -> [..., H]."""
         with jax.named_scope("embed"):
-            h = self.embed(tokens)
+            h = self.embed(tokens).astype(jnp.float32)  # the residual stream is float32 in any dtype
             if self.spec.family == "opt":
                 h = h + self.pos_embed(positions + OPT_POSITION_OFFSET)
             return h
@@ -90,8 +90,13 @@ class CausalLM(nnx.Module):
         """Final norm and LM head: h [..., H] -> float32 logits [..., V]."""
         with jax.named_scope("lm_head"):
             h = self.final_norm(h)
-            logits = self.embed.attend(h) if self.spec.tie_word_embeddings else self.lm_head(h)
-            return logits.astype(jnp.float32)
+            if not self.spec.tie_word_embeddings:
+                return self.lm_head(h)  # float32 out (layers.linear)
+            # Tied: h [..., H] . embedding [V, H]^T in the weights' dtype, accumulated in float32
+            # (`nnx.Embed.attend` would promote the embedding to h's float32 every step).
+            table = self.embed.embedding[...]
+            return jax.lax.dot_general(h.astype(table.dtype), table, (((h.ndim - 1,), (1,)), ((), ())),
+                                       preferred_element_type=jnp.float32)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """Full-sequence forward without a cache: tokens i32[B, L] -> float32 logits [B, L, V]."""

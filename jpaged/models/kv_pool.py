@@ -18,6 +18,22 @@ from jpaged.models.presets import ModelSpec
 KVPool = tuple[jax.Array, jax.Array]
 
 
+def storage_dtype(dtype: Any, backend: str | None = None, attention_backend: str = "xla") -> jnp.dtype:
+    """The dtype a KV pool of `dtype` values is stored in: bfloat16 as uint16 bits on CPU's XLA path.
+
+    XLA:CPU gathers and scatters no bfloat16 array: a bf16 pool would be converted whole to
+    float32 (or, bitcast inside the step, copied whole) in every step. Stored as its bits, the
+    step's gathers and scatters move integers and the pages are bitcast back to bfloat16 once
+    read (`pallas_kernels.common.kv_dtype` / `gather_pages`); the values are the same bits.
+    Elsewhere (GPU, the Pallas kernels) the pool keeps its dtype.
+    """
+    dtype = jnp.dtype(dtype)
+    backend = backend or jax.default_backend()
+    if dtype == jnp.bfloat16 and backend == "cpu" and attention_backend == "xla":
+        return jnp.dtype(jnp.uint16)
+    return dtype
+
+
 def init_kv_pool(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any = jnp.float32) -> KVPool:
     """A zeroed `(k_pool, v_pool)`, each [num_layers, num_kv_heads, num_blocks, block_size, head_dim]."""
     if num_blocks < 2:

@@ -34,8 +34,15 @@ def axes(*names: str | None) -> dict[str, Any]:
 
 def linear(d_in: int, d_out: int, in_axis: str, out_axis: str, *, bias: bool, dtype: Any,
            rngs: nnx.Rngs) -> nnx.Linear:
-    """x [..., d_in] @ kernel [d_in, d_out] (+ bias [d_out]), axes named for tensor parallelism."""
-    return nnx.Linear(d_in, d_out, use_bias=bias, param_dtype=dtype, kernel_init=WEIGHT_INIT, rngs=rngs,
+    """x [..., d_in] @ kernel [d_in, d_out] (+ bias [d_out]), axes named for tensor parallelism.
+
+    The dot reads both operands in the parameter dtype (x is cast to it, the kernel never is) and
+    accumulates and returns float32: bfloat16 weights stay bfloat16 in memory and in the dot
+    (XLA:CPU's YNNPACK dots take bf16 operands with f32 output; converting the kernel to float32
+    instead would convert every weight in every step), while the residual stream stays float32.
+    """
+    return nnx.Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
+                      preferred_element_type=jnp.float32, kernel_init=WEIGHT_INIT, rngs=rngs,
                       kernel_metadata=axes(in_axis, out_axis), bias_metadata=axes(out_axis))
 
 
