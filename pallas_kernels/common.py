@@ -130,11 +130,19 @@ def gather_pages(
     layer: jax.Array,  # i32[]
     block_ids: jax.Array,  # i32[*I]
 ) -> jax.Array:  # [Hkv, *I, Bs, D] in kv_dtype(pages)
-    """Whole blocks of one layer, read with a single gather (the layer is never sliced out first)."""
-    layers = jnp.broadcast_to(layer, block_ids.shape)
-    # Two array indices separated by a slice put the index dims first: [*I, Hkv, Bs, D].
-    blocks = from_bits(as_bits(pages)[layers, :, block_ids], kv_dtype(pages))
-    return jnp.moveaxis(blocks, block_ids.ndim, 0)
+    """Whole blocks of one layer, read with a single gather (the layer is never sliced out first).
+
+    The pool is viewed as rows of one (layer, KV head, block) each, [L * Hkv * N, Bs * D] (a free
+    reshape), and the gather takes whole rows in the output order the attention dots read,
+    [Hkv, *I, Bs * D]. Indexing `pages[layer, :, block_ids]` instead gathers [*I, Hkv, Bs, D] and
+    transposes it: on XLA:CPU that one fused loop runs on one thread at about half the speed.
+    """
+    num_layers, num_kv_heads, num_blocks, block_size, head_dim = pages.shape
+    rows = as_bits(pages).reshape(num_layers * num_kv_heads * num_blocks, block_size * head_dim)
+    heads = jnp.arange(num_kv_heads, dtype=jnp.int32).reshape((num_kv_heads,) + (1,) * block_ids.ndim)
+    row_ids = (layer * num_kv_heads + heads) * num_blocks + block_ids  # i32[Hkv, *I]
+    blocks = jnp.take(rows, row_ids, axis=0, mode="clip")  # [Hkv, *I, Bs * D]
+    return from_bits(blocks, kv_dtype(pages)).reshape(*row_ids.shape, block_size, head_dim)
 
 
 def dot_precision(dtype) -> jax.lax.Precision:
