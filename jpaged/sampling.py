@@ -75,7 +75,7 @@ def sample(logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         return out
 
     k = batch.num_top
-    # Candidates per row rounded up to a power of two (within the vocabulary): a few compiled variants.
+    # Candidates per row rounded up to a bucket (within the vocabulary): a few compiled variants.
     num_top = min(bucket(k, minimum=1), logits.shape[-1]) if k else 0
     out = _sample(logits, pad(batch.logits_rows, np.int32), pad(batch.temperature, np.float32),
                   pad(batch.top_k, np.int32), pad(batch.top_p, np.float32) + (np.arange(size) >= rows),

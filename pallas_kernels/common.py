@@ -129,19 +129,22 @@ def gather_pages(
     pages: jax.Array,  # [L, Hkv, N, Bs, D]
     layer: jax.Array,  # i32[]
     block_ids: jax.Array,  # i32[*I]
-) -> jax.Array:  # [Hkv, *I, Bs, D] in kv_dtype(pages)
+    head_axis: int = 0,
+) -> jax.Array:  # [Hkv, *I, Bs, D] in kv_dtype(pages); the Hkv axis at `head_axis` of [Hkv, *I]
     """Whole blocks of one layer, read with a single gather (the layer is never sliced out first).
 
     The pool is viewed as rows of one (layer, KV head, block) each, [L * Hkv * N, Bs * D] (a free
-    reshape), and the gather takes whole rows in the output order the attention dots read,
-    [Hkv, *I, Bs * D]. Indexing `pages[layer, :, block_ids]` instead gathers [*I, Hkv, Bs, D] and
-    transposes it: on XLA:CPU that one fused loop runs on one thread at about half the speed.
+    reshape), and the gather takes whole rows straight into the order the attention dots read
+    (`head_axis`: where the KV-head axis goes among [Hkv, *I]). Indexing `pages[layer, :,
+    block_ids]` instead gathers [*I, Hkv, Bs, D] and then transposes it: on XLA:CPU that fused
+    loop runs on one thread at about half the speed.
     """
     num_layers, num_kv_heads, num_blocks, block_size, head_dim = pages.shape
     rows = as_bits(pages).reshape(num_layers * num_kv_heads * num_blocks, block_size * head_dim)
-    heads = jnp.arange(num_kv_heads, dtype=jnp.int32).reshape((num_kv_heads,) + (1,) * block_ids.ndim)
-    row_ids = (layer * num_kv_heads + heads) * num_blocks + block_ids  # i32[Hkv, *I]
-    blocks = jnp.take(rows, row_ids, axis=0, mode="clip")  # [Hkv, *I, Bs * D]
+    heads = jnp.arange(num_kv_heads, dtype=jnp.int32)
+    heads = heads.reshape([num_kv_heads if a == head_axis else 1 for a in range(block_ids.ndim + 1)])
+    row_ids = (layer * num_kv_heads + heads) * num_blocks + jnp.expand_dims(block_ids, head_axis)  # i32[.., Hkv, ..]
+    blocks = jnp.take(rows, row_ids, axis=0, mode="clip")  # [..., Bs * D]
     return from_bits(blocks, kv_dtype(pages)).reshape(*row_ids.shape, block_size, head_dim)
 
 

@@ -176,12 +176,12 @@ def paged_prefill_attention_xla(
 
     def body(c, state):
         ids = jax.lax.dynamic_slice_in_dim(tables, c * pages_per_chunk, pages_per_chunk, axis=1)  # [NT, P]
-        k = gather_pages(k_pages, layer, ids).reshape(num_kv_heads, num_tiles, chunk, head_dim)
-        v = gather_pages(v_pages, layer, ids).reshape(num_kv_heads, num_tiles, chunk, head_dim)
+        # Gathered tile-major, [NT, Hkv, C, D]: the order of the tiles' queries, no transpose.
+        k = gather_pages(k_pages, layer, ids, head_axis=1).reshape(num_tiles, num_kv_heads, chunk, head_dim)
+        v = gather_pages(v_pages, layer, ids, head_axis=1).reshape(num_tiles, num_kv_heads, chunk, head_dim)
         keys = c * chunk + jnp.arange(chunk)  # [C]
         key_valid = keys[None, :] < lengths[:, None]  # [NT, C]
         allowed = key_valid[:, None, :] & (keys[None, None, :] <= row_pos[:, :, None])  # [NT, R, C]
-        k, v = k.transpose(1, 0, 2, 3), v.transpose(1, 0, 2, 3)  # [NT, Hkv, C, D]
         return xla_softmax_step(state, qt, k, v, allowed[:, None], key_valid[:, None], scale=scale)
 
     num_chunks = pl.cdiv(jnp.max(lengths), chunk)
