@@ -3,7 +3,8 @@
 Layout: a tuple `(k_pool, v_pool)`, each `[num_layers, num_kv_heads, num_blocks, block_size,
 head_dim]`, so one KV head's block is contiguous (what the kernels read). The model step never
 slices `pool[layer]` out (a copy); the kernels take the stack and a layer index. Block 0 is
-reserved as the padding target and never holds a live token.
+reserved as the padding target and never holds a live token. On CPU's XLA path a bfloat16 pool is
+stored as its uint16 bits (`storage_dtype`).
 """
 
 from __future__ import annotations

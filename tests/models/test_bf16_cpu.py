@@ -1,0 +1,81 @@
+"""bfloat16 on CPU: the pool stored as uint16 bits computes exactly what a bfloat16 pool does, and the
+bf16 paged step stays close to the float32 model it was rounded from."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jpaged.models import decoder
+from jpaged.models.kv_pool import init_kv_pool, storage_dtype
+from jpaged.models.paged_batch import build_step_arrays, greedy_generate, scattered_tables
+from jpaged.models.presets import get_preset
+from jpaged.models.runner import ModelRunner
+from pallas_kernels import cache_ops
+
+BLOCK_SIZE = 8
+
+
+def test_storage_dtype_is_bits_only_for_bf16_on_the_cpu_xla_path():
+    assert storage_dtype(jnp.bfloat16, "cpu") == jnp.uint16
+    assert storage_dtype(jnp.float32, "cpu") == jnp.float32
+    assert storage_dtype(jnp.bfloat16, "gpu") == jnp.bfloat16
+    assert storage_dtype(jnp.bfloat16, "cpu", attention_backend="pallas_triton") == jnp.bfloat16
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+def test_bits_pool_matches_bf16_pool_exactly(name):
+    spec = get_preset(name)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), decoder.init_params(spec))
+    runner = ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend="xla")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, spec.vocab_size, n).tolist() for n in (13, 5, 21)]
+    need = [-(-(len(p) + 6) // BLOCK_SIZE) for p in prompts]
+    tables = scattered_tables(rng, need, sum(need) + 3)
+    results = []
+    for dtype in (jnp.bfloat16, jnp.uint16):
+        pool = init_kv_pool(spec, sum(need) + 3, BLOCK_SIZE, dtype)
+        tokens, pool = greedy_generate(runner, pool, prompts, 6, tables)
+        results.append((tokens, [np.asarray(p).view(np.uint16) for p in pool]))
+    (tokens_bf16, pool_bf16), (tokens_bits, pool_bits) = results
+    assert tokens_bf16 == tokens_bits
+    for a, b in zip(pool_bf16, pool_bits):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bf16_step_logits_close_to_float32():
+    """bf16 weights and KV with float32 accumulation: logits within bf16 rounding of float32's."""
+    spec = get_preset("tiny-opt")
+    params = decoder.init_params(spec)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, spec.vocab_size, n).tolist() for n in (9, 17)]
+    need = [-(-len(p) // BLOCK_SIZE) for p in prompts]
+    tables = scattered_tables(rng, need, sum(need) + 1)
+    arrays = build_step_arrays(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE)
+    logits = {}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        runner = ModelRunner(spec, jax.tree.map(lambda x: x.astype(dtype), params), block_size=BLOCK_SIZE,
+                             attention_backend="xla")
+        pool = init_kv_pool(spec, sum(need) + 1, BLOCK_SIZE, storage_dtype(dtype, "cpu"))
+        out, _ = runner.prefill(pool, arrays)
+        assert out.dtype == jnp.float32
+        logits[dtype] = np.asarray(out)
+    scale = np.abs(logits[jnp.float32]).max()
+    assert np.abs(logits[jnp.bfloat16] - logits[jnp.float32]).max() < 0.05 * scale
+
+
+def test_block_ops_move_bits_pools_exactly():
+    rng = np.random.default_rng(2)
+    values = jnp.asarray(rng.standard_normal((2, 3, 6, 4, 8)), jnp.bfloat16)  # [L, Hkv, N, Bs, D]
+    bits = jax.lax.bitcast_convert_type(values, jnp.uint16)
+    pairs = jnp.asarray([[1, 4], [2, 5]], jnp.int32)
+    k_bits, _ = cache_ops.copy_blocks(bits, bits + 0, pairs)
+    k_ref, _ = cache_ops.copy_blocks(values, values + 0, pairs)
+    np.testing.assert_array_equal(np.asarray(k_bits), np.asarray(k_ref).view(np.uint16))
+    new = jnp.asarray(rng.standard_normal((3, 3, 8)), jnp.float32)  # [T, Hkv, D]
+    slots = jnp.asarray([5, 9, 22], jnp.int32)
+    written, _ = cache_ops.write_kv(bits + 0, bits + 0, new, new, slots, 1)
+    expected, _ = cache_ops.write_kv(values + 0, values + 0, new, new, slots, 1)
+    np.testing.assert_array_equal(np.asarray(written), np.asarray(expected).view(np.uint16))
