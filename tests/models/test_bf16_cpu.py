@@ -68,14 +68,18 @@ def test_bf16_step_logits_close_to_float32():
 
 def test_block_ops_move_bits_pools_exactly():
     rng = np.random.default_rng(2)
-    values = jnp.asarray(rng.standard_normal((2, 3, 6, 4, 8)), jnp.bfloat16)  # [L, Hkv, N, Bs, D]
-    bits = jax.lax.bitcast_convert_type(values, jnp.uint16)
+    values = np.asarray(rng.standard_normal((2, 3, 6, 4, 8)), jnp.bfloat16)  # [L, Hkv, N, Bs, D]
+
+    def pools(bits: bool):  # fresh arrays each call: the block ops donate their pools
+        pool = jnp.asarray(values.view(np.uint16) if bits else values)
+        return pool, pool + 0
+
     pairs = jnp.asarray([[1, 4], [2, 5]], jnp.int32)
-    k_bits, _ = cache_ops.copy_blocks(bits, bits + 0, pairs)
-    k_ref, _ = cache_ops.copy_blocks(values, values + 0, pairs)
+    k_bits, _ = cache_ops.copy_blocks(*pools(True), pairs)
+    k_ref, _ = cache_ops.copy_blocks(*pools(False), pairs)
     np.testing.assert_array_equal(np.asarray(k_bits), np.asarray(k_ref).view(np.uint16))
     new = jnp.asarray(rng.standard_normal((3, 3, 8)), jnp.float32)  # [T, Hkv, D]
     slots = jnp.asarray([5, 9, 22], jnp.int32)
-    written, _ = cache_ops.write_kv(bits + 0, bits + 0, new, new, slots, 1)
-    expected, _ = cache_ops.write_kv(values + 0, values + 0, new, new, slots, 1)
+    written, _ = cache_ops.write_kv(*pools(True), new, new, slots, 1)
+    expected, _ = cache_ops.write_kv(*pools(False), new, new, slots, 1)
     np.testing.assert_array_equal(np.asarray(written), np.asarray(expected).view(np.uint16))
