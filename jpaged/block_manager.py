@@ -335,20 +335,21 @@ class BlockManager:
                 self.refcount[blocks] = 1
                 self.num_table_blocks[opening] = index + 1
                 last[needs_block] = blocks
-            for i in needs_block.tolist() if may_share else ():
-                row, idx = int(rows[i]), int(logical[i])
-                src = int(last[i])
-                if src == 0:  # the row's last block is full: open a new one
-                    block = self._take_block()
-                    self.block_tables[row, idx] = block
-                    self.refcount[block] = 1
-                    self.num_table_blocks[row] = idx + 1
-                elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
-                    block = self._copy_on_write(row, idx, src)
-                    copy_pairs.append((src, block))
-                else:
-                    continue
-                last[i] = block
+            else:  # rows that open a block or write into a shared one, row by row
+                for i in needs_block.tolist():
+                    row, idx = int(rows[i]), int(logical[i])
+                    src = int(last[i])
+                    if src == 0:  # the row's last block is full: open a new one
+                        block = self._take_block()
+                        self.block_tables[row, idx] = block
+                        self.refcount[block] = 1
+                        self.num_table_blocks[row] = idx + 1
+                    elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
+                        block = self._copy_on_write(row, idx, src)
+                        copy_pairs.append((src, block))
+                    else:
+                        continue
+                    last[i] = block
         pos += 1
         self.num_tokens[rows] = pos
         last *= bs
@@ -491,12 +492,7 @@ class BlockManager:
 
     def _take_block(self) -> int:
         """A free device block, evicting the least recently used unreferenced cached block if needed."""
-        if self._free:
-            return self._free.pop()
-        block = self.prefix_cache.evict() if self.prefix_cache is not None else None
-        if block is None:
-            raise RuntimeError("out of device blocks: callers must check can_allocate / append_slots first")
-        return block
+        return self._take_blocks(1)[0]
 
     def _take_row(self, seq_id: int) -> int:
         if not self._free_rows:
