@@ -16,6 +16,7 @@ from typing import Hashable
 
 import numpy as np
 
+from jpaged.decode_cursor import PagedDecodeCursor
 from jpaged.kv_manager import AllocStatus
 from jpaged.prefix_cache import PrefixCache, block_keys
 
@@ -329,12 +330,7 @@ class BlockManager:
             if len(needs_block) > self.num_free_blocks:
                 return None
             if not may_share:  # every such row opens a block: all at once
-                blocks = self._take_blocks(len(needs_block))
-                opening, index = rows[needs_block], logical[needs_block]
-                self.block_tables[opening, index] = blocks
-                self.refcount[blocks] = 1
-                self.num_table_blocks[opening] = index + 1
-                last[needs_block] = blocks
+                last[needs_block] = self.open_blocks(rows[needs_block].tolist(), logical[needs_block].tolist())
             else:  # rows that open a block or write into a shared one, row by row
                 for i in needs_block.tolist():
                     row, idx = int(rows[i]), int(logical[i])
@@ -355,6 +351,22 @@ class BlockManager:
         last *= bs
         last += offset
         return last, copy_pairs
+
+    def open_blocks(self, rows: list[int], logical: list[int]) -> list[int]:
+        """Gives each of `rows` (distinct) a fresh block at logical index `logical[i]`, its next
+        one; returns the blocks. The caller checked that `num_free_blocks` covers them. (A few
+        rows per step: plain integers beat array calls.)"""
+        blocks = self._take_blocks(len(rows))
+        tables, refcount, num_table_blocks = self.block_tables, self.refcount, self.num_table_blocks
+        for row, index, block in zip(rows, logical, blocks):
+            tables[row, index] = block
+            refcount[block] = 1
+            num_table_blocks[row] = index + 1
+        return blocks
+
+    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> PagedDecodeCursor:
+        """A cursor giving `rows` (no forked siblings) one slot per step (see `decode_cursor`)."""
+        return PagedDecodeCursor(self, rows, padded_rows)
 
     def _copy_on_write(self, row: int, index: int, src: int) -> int:
         """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""

@@ -11,17 +11,22 @@ same reason). Pure Python + numpy: no jax import.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from jpaged.sequence import Sequence
 from jpaged.step_plan import bucket
 
+if TYPE_CHECKING:
+    from jpaged.kv_manager import KVCacheManager
+
 
 class DecodeBatch:
     """Decoding sequences, FCFS, with what their steps share (see the module docstring)."""
 
-    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "_steps_before_limit",
-                 "_longest")
+    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "cursor",
+                 "_steps_before_limit")
 
     def __init__(self, seqs: list[Sequence], rows: np.ndarray):
         self.seqs = seqs
@@ -37,28 +42,39 @@ class DecodeBatch:
         # Each step appends one token to every sequence, so the first length stop is the step
         # that brings the sequence with the fewest tokens left to its limit.
         self._steps_before_limit = min(map(int.__sub__, [g.max_total_len for g in groups], lengths), default=0)
-        self._longest: int | None = max(lengths, default=0)  # longest context at the first step
+        # The KV manager's decode cursor over the rows (made at the first step that uses it; the
+        # scheduler drops it when the rows get slots another way).
+        self.cursor = None
 
     def without_last(self, count: int) -> DecodeBatch:
         """The batch less its last `count` sequences (a preempted group), same step count. Its stop
         tokens and length limit stay those of the larger batch: a superset of the stop tokens and
-        an earlier limit only send more steps through the exact per-row checks. Its longest
-        context is no longer known (None)."""
+        an earlier limit only send more steps through the exact per-row checks. Its cursor is
+        this one's, cut."""
         kept = DecodeBatch.__new__(DecodeBatch)
         kept.seqs, kept.token_lists, kept.rows = self.seqs[:-count], self.token_lists[:-count], self.rows[:-count]
         kept.padded_rows = _padded(kept.rows)
         kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
-        kept._steps_before_limit, kept._longest = self._steps_before_limit, None
+        kept._steps_before_limit = self._steps_before_limit
+        kept.cursor = None if self.cursor is None else self.cursor.without_last(count, kept.padded_rows)
         return kept
 
-    def advance(self) -> None:
-        """Counts one more decode step of the whole batch (its sequences got their slots)."""
-        self.num_steps += 1
+    def step(self, kv: KVCacheManager) -> tuple[np.ndarray, np.ndarray] | None:
+        """One decode token per sequence through the cursor: the step's (i32[3, S] positions /
+        slots / context lengths, i32[S, M] block tables), or None (nothing changed) when the
+        pool is out of blocks."""
+        if self.cursor is None:
+            self.cursor = kv.decode_cursor(self.rows, self.padded_rows)
+        arrays = self.cursor.step()
+        if arrays is not None:
+            self.num_steps += 1
+        return arrays
 
-    @property
-    def longest_context(self) -> int | None:
-        """The longest context (tokens with a slot) in the current step; None when unknown."""
-        return None if self._longest is None else self._longest + self.num_steps - 1
+    def advance(self) -> None:
+        """Counts one more decode step of the whole batch, whose slots came another way
+        (`append_slots`: chunks or forks in the step); the cursor no longer holds."""
+        self.num_steps += 1
+        self.cursor = None
 
     @property
     def stops_only_by_token(self) -> bool:

@@ -11,9 +11,12 @@ at admission, so appending never fails. Pure Python + numpy: no jax import.
 from __future__ import annotations
 
 import enum
-from typing import Hashable, Protocol
+from typing import TYPE_CHECKING, Hashable, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from jpaged.decode_cursor import AppendCursor as DecodeCursor
 
 
 class AllocStatus(enum.Enum):
@@ -86,6 +89,11 @@ class KVCacheManager(Protocol):
                      ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
         of blocks; `may_share=False` promises no row shares its last block with a fork."""
+
+    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> DecodeCursor:
+        """A cursor over `rows` (no forked siblings), padded to `padded_rows`: each `step()` gives
+        every row one more slot and returns the step's arrays, or None (nothing changed) when
+        out of blocks (see jpaged.decode_cursor)."""
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """A new sequence of the parent's group holding the parent's first `num_blocks` blocks (default all)."""

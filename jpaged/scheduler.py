@@ -89,7 +89,7 @@ class Scheduler:
         # changed since it was held back, the retry is skipped (the key of that attempt).
         self._held_back_key: tuple | None = None
         self._held_back_free = 0  # free blocks when it was held back (fewer cannot be enough)
-        self._kv_events = 0  # frees, admissions, forks, swaps and cache inserts so far (see _admit_key)
+        self._kv_events = 0  # frees, admissions, forks, swaps and cache inserts so far (see _admit)
         self._builder: PlanBuilder | None = None
         self._seq_ids = 0
 
@@ -207,19 +207,25 @@ class Scheduler:
                 all_rows = np.concatenate([rows, chunk_rows])
                 counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
                 appended = bm.append_slots(all_rows, counts)
-            elif len(rows):  # only forked sequences (n > 1, beams) can write into a shared block
-                appended = bm.append_slots(rows, may_share=self._num_multi_running > 0)
-            else:
+            elif not len(rows):
                 return num_preempted
+            elif self._num_multi_running:  # only forked sequences (n > 1, beams) can write into a shared block
+                appended = bm.append_slots(rows)
+            else:  # the steady state, one sequence per group: (step arrays, block tables)
+                appended = batch.step(bm)
             if appended is not None:
                 break
             num_preempted += self._preempt_latest()
-        slots, copies = appended
-        batch.advance()
         for seq in seqs:
             seq.num_computed_tokens += 1
+        if not chunks and not self._num_multi_running:
+            builder.add_decodes(batch, *appended)
+            budget[0] -= len(seqs)
+            return num_preempted
+        slots, copies = appended
+        batch.advance()
         if not chunks:
-            builder.add_decodes(batch, slots, copies)
+            builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
             return num_preempted
         for seq, count in chunks:
@@ -361,17 +367,22 @@ class Scheduler:
             group = self.waiting[0]
             if self._num_running_seqs + group.width > self.config.max_num_seqs:
                 break
-            key = self._admit_key(group, budget[0])
+            # What a held-back admission of the group depends on besides the free blocks (fewer of
+            # which cannot help): the group and its length, every block event since (frees,
+            # admissions, forks, swaps, cache inserts), the headroom rule and both budgets.
+            key = (id(group), len(group.seqs[0].token_ids), self._kv_events, bool(self.running),
+                   self._num_running_seqs, budget[0])
             if key == self._held_back_key and bm.num_free_blocks <= self._held_back_free:
                 self._held_back = True  # nothing changed since it was held back but fewer free blocks
                 break
             seqs = group.live_seqs() if not group.is_single else group.seqs
-            leader, followers = seqs[0], seqs[1:]
+            leader, followers = seqs[0], seqs[1:]  # followers: a recomputed group's other sequences
             hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
             shares = [self._share(f) for f in followers]
-            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+                             if followers else 0)
             leader_blocks = bm.blocks_for(len(leader.token_ids))
             need = leader_blocks + unique_blocks
             if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
@@ -388,7 +399,7 @@ class Scheduler:
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
                 count = len(leader.token_ids) - cached
-                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
@@ -407,10 +418,11 @@ class Scheduler:
             self._kv_events += 1
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
             self.num_cached_tokens += cached
-            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs)
+            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs) if followers else len(leader.token_ids)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            if followers:
+                self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
             self._join_running(group)
             admitted.append(group)
             leader.num_computed_tokens = cached
@@ -420,7 +432,8 @@ class Scheduler:
                 for follower in followers:  # the blocks they share are written this step: join now
                     self._attach(follower)
                     self._schedule_chunk(builder, budget, follower, follower.num_uncomputed_tokens)
-            if any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs):
+            if (any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs) if followers
+                    else leader.num_uncomputed_tokens):  # (the leader is resident)
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
             if self.prefix_caching:
                 for seq in seqs:
@@ -435,13 +448,6 @@ class Scheduler:
         builder.add([seq], rows, counts, slots, copies)
         seq.num_computed_tokens += count
         budget[0] -= count
-
-    def _admit_key(self, group: SequenceGroup, budget: int) -> tuple:
-        """What a held-back admission of `group` depends on besides the free blocks (fewer of which
-        cannot help): the group and its length, every block event since (frees, admissions, forks,
-        swaps, cache inserts), the headroom rule and both budgets."""
-        return (id(group), len(group.seqs[0].token_ids), self._kv_events, bool(self.running), self._num_running_seqs,
-                budget)
 
     def _may_admit(self) -> bool:
         """Whether new groups may join now (request-level batching closes this between batches)."""

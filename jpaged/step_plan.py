@@ -167,7 +167,8 @@ class PlanBuilder:
     def __init__(self, kv_manager: KVCacheManager):
         self.kv = kv_manager
         self._segments: list[tuple[list[Sequence], np.ndarray, np.ndarray | None, np.ndarray]] = []
-        self._decodes: DecodeBatch | None = None  # the running batch, when its decodes are a segment
+        # (running batch, its step arrays, block tables) when the batch's decodes are a segment
+        self._decodes: tuple[DecodeBatch, np.ndarray, np.ndarray] | None = None
         self._copies: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swap_out: list[tuple[int, int]] = []
@@ -179,10 +180,11 @@ class PlanBuilder:
         if copies:
             self._copies += copies
 
-    def add_decodes(self, batch: DecodeBatch, slots: np.ndarray, copies: list[tuple[int, int]]) -> None:
-        """Adds the running batch's decodes, one token each (`batch.advance()` counted this step)."""
-        self._decodes = batch
-        self.add(batch.seqs, batch.rows, None, slots, copies)
+    def add_decodes(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> None:
+        """Adds the running batch's decodes, one token each, with the arrays its cursor's step
+        returned: state i32[3, S] (positions, slots, context lengths), tables i32[S, M]."""
+        self._decodes = batch, state, tables
+        self.add(batch.seqs, batch.rows, None, state[1, : len(batch.seqs)], [])
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """Host-to-device block copies to apply before the step."""
@@ -195,9 +197,8 @@ class PlanBuilder:
     def build(self, all_single: bool) -> StepPlan:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
         segments = self._segments
-        batch = self._decodes
-        if batch is not None and len(segments) == 1 and all_single and not (self._copies or self._swap_out):
-            return self._batch_plan(batch, segments[0][3])  # the steady state: the batch decodes
+        if self._decodes is not None and len(segments) == 1 and not self._swap_out:
+            return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
         plan = self._general_plan(segments, all_single)
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
@@ -207,30 +208,17 @@ class PlanBuilder:
             plan.swap_out_pairs = pairs_array(self._swap_out)
         return plan
 
-    def _batch_plan(self, batch: DecodeBatch, slots: np.ndarray) -> StepPlan:
-        """The running batch's decode step (no forks, no block copies): `_decode_plan`'s arrays,
-        gathered through the batch's padded rows (padding reads reserved row 0: no tokens, a zero
-        table) and with what the batch already knows (longest context, stop tokens) not recomputed."""
-        kv = self.kv
-        seqs, padded_rows = batch.seqs, batch.padded_rows
-        n, size = len(seqs), len(padded_rows)
-        token_ids, slot_mapping = np.zeros((2, size), np.int32)
-        context_lens = kv.num_tokens.take(padded_rows)  # i32[S] tokens with a slot, this step's included
-        positions = context_lens - 1
-        positions[n:] = 0
-        slot_mapping[:n] = slots
+    def _batch_plan(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> StepPlan:
+        """The running batch's decode step (no forks, no block copies): the cursor's arrays as
+        they are, the token ids, and what the batch knows about stops."""
+        seqs = batch.seqs
+        n, size = len(seqs), state.shape[1]
+        token_ids = np.zeros(size, np.int32)
         token_ids[:n] = [ids[-1] for ids in batch.token_lists]
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        longest = batch.longest_context
-        if longest is None:
-            longest = int(context_lens.max())
-        tables = kv.block_tables.take(padded_rows, axis=0)  # i32[S, max_blocks_per_seq]
-        width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
-        if width < tables.shape[1]:
-            tables = np.ascontiguousarray(tables[:, :width])
         sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [],
                               batch.stop_tokens if batch.stops_only_by_token else None, batch.token_lists)
-        return StepPlan(n, n, 1, token_ids, positions, slot_mapping, query_start_loc, context_lens, tables,
+        return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables,
                         logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)
 
     def _swap_in_pairs(self) -> np.ndarray:

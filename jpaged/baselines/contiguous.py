@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
+from jpaged.decode_cursor import AppendCursor
 from jpaged.kv_manager import AllocStatus
 
 
@@ -256,6 +257,10 @@ class ContiguousBlockManager:
         starts = np.cumsum(counts) - counts
         slots = np.arange(int(counts.sum())) + np.repeat(base * bs + pos - starts, counts)
         return slots.astype(np.int32), copies
+
+    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> AppendCursor:
+        """The generic cursor over `append_slots` (appending never fails here)."""
+        return AppendCursor(self, rows, padded_rows)
 
     # ------------------------------------------------------------------ swap (none)
 
