@@ -245,7 +245,7 @@ class PlanBuilder:
             plan = self._mixed_plan(seqs, rows, counts, slots)
         plan.seqs = seqs
         plan.sampling = _sample_rows(segments, all_single)
-        plan.num_prefill_tokens = sum(int(seg[2].sum()) for seg in segments if seg[2] is not None)
+        plan.num_prefill_tokens = plan.num_tokens - sum(len(seg[0]) for seg in segments if seg[2] is None)
         return plan
 
     def _table(self, rows: np.ndarray, longest: int, size: int) -> np.ndarray:
@@ -282,37 +282,41 @@ class PlanBuilder:
                         tables, logits_indices)
 
     def _mixed_plan(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> StepPlan:
-        """Any mix: sequence i computes positions [start_i, start_i + counts[i]) of its context."""
+        """Any mix: sequence i computes the last counts[i] positions of its context. The steps that
+        need it (admissions, chunks) have few sequences, so the per-sequence rows are built as
+        Python lists and become arrays in one call each."""
         n = len(seqs)
-        ends = self.kv.num_tokens.take(rows)  # context after this step's writes
-        starts = ends - counts
-        offsets = counts.cumsum()  # [n] end row of each sequence's tokens
-        total = int(offsets[-1])
-        size_s, size_t = bucket(n), bucket(total, minimum=16)
-        # Per-token rows (one allocation): token ids, positions, slots; per-sequence rows likewise.
-        token_ids, positions, slot_mapping = np.zeros((3, size_t), np.int32)
-        context_lens, logits_indices = np.zeros((2, size_s), np.int32)
-        query_start_loc = np.full(size_s + 1, total, np.int32)
-        query_start_loc[0] = 0
-        query_start_loc[1: n + 1] = offsets
-        # Row r of sequence i holds position starts[i] + (r - qsl[i]).
-        positions[:total] = _arange(total) - (query_start_loc[:n] - starts).repeat(counts)
+        ends = self.kv.num_tokens.take(rows).tolist()  # context after this step's writes
+        counts = counts.tolist()
+        every_position = _arange(self.kv.max_blocks_per_seq * self.kv.block_size)
         tokens: list[int] = []
-        for seq, start, end in zip(seqs, starts.tolist(), ends.tolist()):
-            if end - start == 1:  # a decode (or a one-token chunk)
-                tokens.append(seq.token_ids[start])
+        position_ranges = []  # [n] each sequence's positions, views of every_position
+        query_start_loc = [0]
+        total = 0
+        for seq, count, end in zip(seqs, counts, ends):
+            if count == 1:  # a decode (or a one-token chunk)
+                tokens.append(seq.token_ids[end - 1])
             else:
-                tokens += seq.token_ids[start:end]
+                tokens += seq.token_ids[end - count: end]
+            position_ranges.append(every_position[end - count: end])
+            total += count
+            query_start_loc.append(total)
+        # Per-token rows (one allocation): token ids, positions, slots.
+        token_ids, positions, slot_mapping = np.zeros((3, bucket(total, minimum=16)), np.int32)
         token_ids[:total] = tokens
+        np.concatenate(position_ranges, out=positions[:total])
         slot_mapping[:total] = slots
-        context_lens[:n] = ends
-        np.subtract(offsets, 1, out=logits_indices[:n])
-        tables = self._table(rows, int(ends.max()), size_s)
-        return StepPlan(n, total, int(counts.max()), token_ids, positions, slot_mapping, query_start_loc,
-                        context_lens, tables, logits_indices)
+        size_s = bucket(n)
+        padding = [0] * (size_s - n)
+        context_lens, logits_indices = np.array([ends + padding, [q - 1 for q in query_start_loc[1:]] + padding],
+                                                np.int32)
+        query_start_loc = np.array(query_start_loc + [total] * (size_s - n), np.int32)
+        return StepPlan(n, total, max(counts), token_ids, positions, slot_mapping, query_start_loc, context_lens,
+                        self._table(rows, max(ends), size_s), logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS,
+                        _EMPTY_PAIRS, seqs)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)
 def _arange(n: int) -> np.ndarray:
     """i32[n] 0, 1, ..., n - 1 (read-only, shared)."""
     values = np.arange(n, dtype=np.int32)
@@ -352,7 +356,7 @@ def _sample_rows(segments, all_single: bool) -> SampleRows | None:
             if params.use_beam_search:
                 num_top = max(num_top, 2 * params.n)
                 plain = False
-            fan_out = params.n if (group.is_fresh and params.n > 1 and not params.use_beam_search) else 1
+            fan_out = params.n if (params.n > 1 and not params.use_beam_search and group.is_fresh) else 1
             plain = plain and fan_out == 1
             for i in range(fan_out):
                 seqs.append(seq)
