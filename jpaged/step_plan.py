@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -181,8 +182,9 @@ class PlanBuilder:
             self._copies += copies
 
     def add_decodes(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> None:
-        """Adds the running batch's decodes, one token each, with the arrays its cursor's step
-        returned: state i32[3, S] (positions, slots, context lengths), tables i32[S, M]."""
+        """Adds the running batch's decodes, one token each, as the step's first segment, with the
+        arrays its cursor's step returned: state i32[3, S] (positions, slots, context lengths),
+        tables i32[S, M]."""
         self._decodes = batch, state, tables
         self.add(batch.seqs, batch.rows, None, state[1, : len(batch.seqs)], [])
 
@@ -227,23 +229,16 @@ class PlanBuilder:
 
     def _general_plan(self, segments, all_single: bool) -> StepPlan:
         """Any mix of segments (prompt chunks, decodes, swapped-in groups, forks)."""
-        if len(segments) == 1:
-            seqs, rows, counts, slots = segments[0]
-        elif segments:
-            seqs = [s for seg in segments for s in seg[0]]
-            rows = np.concatenate([seg[1] for seg in segments])
-            counts = (None if all(seg[2] is None for seg in segments) else
-                      np.concatenate([np.ones(len(seg[1]), np.int64) if seg[2] is None else seg[2]
-                                      for seg in segments]))
-            slots = np.concatenate([seg[3] for seg in segments])
+        if all(seg[2] is None for seg in segments):  # decodes only (forks, swapped-in groups)
+            if len(segments) == 1:
+                seqs, rows, _, slots = segments[0]
+            else:
+                seqs = [s for seg in segments for s in seg[0]]
+                rows = np.concatenate([seg[1] for seg in segments]) if segments else np.zeros(0, np.int64)
+                slots = np.concatenate([seg[3] for seg in segments]) if segments else np.zeros(0, np.int32)
+            plan = self._decode_plan(seqs, rows, slots)
         else:
-            seqs, rows, counts, slots = [], np.zeros(0, np.int64), None, np.zeros(0, np.int32)
-        decoding = counts is None  # every sequence computes its last token (and samples)
-        if decoding or (counts == 1).all():
-            plan = self._decode_plan(seqs, rows, slots, last_tokens=decoding)
-        else:
-            plan = self._mixed_plan(seqs, rows, counts, slots)
-        plan.seqs = seqs
+            plan = self._mixed_plan(segments)
         plan.sampling = _sample_rows(segments, all_single)
         plan.num_prefill_tokens = plan.num_tokens - sum(len(seg[0]) for seg in segments if seg[2] is None)
         return plan
@@ -261,57 +256,71 @@ class PlanBuilder:
         tables[: len(rows)] = gathered[:, :width]
         return tables
 
-    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray, last_tokens: bool) -> StepPlan:
-        """One token per sequence: T == S. With `last_tokens` each is its sequence's last (decodes),
-        else some may be one-token prompt chunks."""
+    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray) -> StepPlan:
+        """One token per sequence, its last: T == S."""
         n = len(seqs)
         size = bucket(n)
-        # One allocation for the four per-row vectors (this runs every decode step).
+        # One allocation for the four per-row vectors.
         token_ids, positions, slot_mapping, context_lens = np.zeros((4, size), np.int32)
         lengths = self.kv.num_tokens.take(rows)  # tokens with a slot, this step's included
         context_lens[:n] = lengths
         np.subtract(lengths, 1, out=positions[:n])
         slot_mapping[:n] = slots
-        if last_tokens:
-            token_ids[:n] = [s.token_ids[-1] for s in seqs]
-        else:
-            token_ids[:n] = [s.token_ids[p] for s, p in zip(seqs, positions[:n].tolist())]
+        token_ids[:n] = [s.token_ids[-1] for s in seqs]
         query_start_loc, logits_indices = _decode_ranges(n, size)
         tables = self._table(rows, int(lengths.max()) if n else 1, size)
         return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices)
+                        tables, logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, _EMPTY_PAIRS, seqs)
 
-    def _mixed_plan(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> StepPlan:
-        """Any mix: sequence i computes the last counts[i] positions of its context. The steps that
-        need it (admissions, chunks) have few sequences, so the per-sequence rows are built as
-        Python lists and become arrays in one call each."""
-        n = len(seqs)
-        ends = self.kv.num_tokens.take(rows).tolist()  # context after this step's writes
-        counts = counts.tolist()
-        every_position = _arange(self.kv.max_blocks_per_seq * self.kv.block_size)
+    def _mixed_plan(self, segments) -> StepPlan:
+        """Any mix: sequence i computes the last q_i positions of its context (q_i = 1 in a decode
+        segment). The running batch's decodes, when they lead, come as their cursor's arrays; the
+        other rows (admissions, chunks: a few sequences) are built as Python lists that become
+        arrays in one call each."""
+        kv = self.kv
+        every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
+        seqs: list[Sequence] = []
         tokens: list[int] = []
-        position_ranges = []  # [n] each sequence's positions, views of every_position
-        query_start_loc = [0]
-        total = 0
-        for seq, count, end in zip(seqs, counts, ends):
-            if count == 1:  # a decode (or a one-token chunk)
-                tokens.append(seq.token_ids[end - 1])
-            else:
-                tokens += seq.token_ids[end - count: end]
-            position_ranges.append(every_position[end - count: end])
-            total += count
-            query_start_loc.append(total)
-        # Per-token rows (one allocation): token ids, positions, slots.
-        token_ids, positions, slot_mapping = np.zeros((3, bucket(total, minimum=16)), np.int32)
-        token_ids[:total] = tokens
-        np.concatenate(position_ranges, out=positions[:total])
-        slot_mapping[:total] = slots
+        position_parts: list[np.ndarray] = []  # views of every_position (or the cursor's positions)
+        ends: list[int] = []  # context of each sequence after this step's writes
+        query_lens: list[int] = []
+        rest = segments
+        if self._decodes is not None:  # the step's first segment
+            batch, state, _ = self._decodes
+            n = len(batch.seqs)
+            tokens = [ids[-1] for ids in batch.token_lists]
+            position_parts.append(state[0, :n])
+            ends = state[2, :n].tolist()
+            query_lens = [1] * n
+            rest = segments[1:]
+            seqs += batch.seqs
+        for seg_seqs, rows, counts, _ in rest:
+            seg_ends = kv.num_tokens.take(rows).tolist()
+            seg_counts = [1] * len(seg_seqs) if counts is None else counts.tolist()
+            for seq, count, end in zip(seg_seqs, seg_counts, seg_ends):
+                if count == 1:  # a decode (or a one-token chunk)
+                    tokens.append(seq.token_ids[end - 1])
+                else:
+                    tokens += seq.token_ids[end - count: end]
+                position_parts.append(every_position[end - count: end])
+            seqs += seg_seqs
+            ends += seg_ends
+            query_lens += seg_counts
+        n, total, longest_query = len(seqs), len(tokens), max(query_lens)
         size_s = bucket(n)
+        # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
+        token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
+                                                      np.int32)
+        token_ids[:total] = tokens
+        np.concatenate(position_parts, out=positions[:total])
+        np.concatenate([seg[3] for seg in segments], out=slot_mapping[:total])
+        query_start_loc = list(itertools.accumulate(query_lens, initial=0))
         padding = [0] * (size_s - n)
         context_lens, logits_indices = np.array([ends + padding, [q - 1 for q in query_start_loc[1:]] + padding],
                                                 np.int32)
         query_start_loc = np.array(query_start_loc + [total] * (size_s - n), np.int32)
-        return StepPlan(n, total, max(counts), token_ids, positions, slot_mapping, query_start_loc, context_lens,
+        rows = np.concatenate([seg[1] for seg in segments])
+        return StepPlan(n, total, longest_query, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         self._table(rows, max(ends), size_s), logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS,
                         _EMPTY_PAIRS, seqs)
 
