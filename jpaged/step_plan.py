@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from jpaged.kv_manager import KVCacheManager
     from jpaged.sequence import Sequence
 
+_last = operator.itemgetter(-1)
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
 
@@ -216,7 +218,7 @@ class PlanBuilder:
         seqs = batch.seqs
         n, size = len(seqs), state.shape[1]
         token_ids = np.zeros(size, np.int32)
-        token_ids[:n] = [ids[-1] for ids in batch.token_lists]
+        token_ids[:n] = np.fromiter(map(_last, batch.token_lists), np.int32, n)  # (a list's setitem is slower)
         query_start_loc, logits_indices = _decode_ranges(n, size)
         sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [],
                               batch.stop_tokens if batch.stops_only_by_token else None, batch.token_lists)
@@ -311,7 +313,7 @@ class PlanBuilder:
         # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
         token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
                                                       np.int32)
-        token_ids[:total] = tokens
+        token_ids[:total] = np.fromiter(tokens, np.int32, total)
         np.concatenate(position_parts, out=positions[:total])
         np.concatenate([seg[3] for seg in segments], out=slot_mapping[:total])
         query_start_loc = list(itertools.accumulate(query_lens, initial=0))
