@@ -188,7 +188,6 @@ class PlanBuilder:
         arrays its cursor's step returned: state i32[3, S] (positions, slots, context lengths),
         tables i32[S, M]."""
         self._decodes = batch, state, tables
-        self.add(batch.seqs, batch.rows, None, state[1, : len(batch.seqs)], [])
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """Host-to-device block copies to apply before the step."""
@@ -201,8 +200,11 @@ class PlanBuilder:
     def build(self, all_single: bool) -> StepPlan:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
         segments = self._segments
-        if self._decodes is not None and len(segments) == 1 and not self._swap_out:
-            return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
+        if self._decodes is not None:
+            if not segments and not self._swap_out:
+                return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
+            batch, state, _ = self._decodes
+            segments = [(batch.seqs, batch.rows, None, state[1, : len(batch.seqs)])] + segments
         plan = self._general_plan(segments, all_single)
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
