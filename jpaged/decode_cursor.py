@@ -8,10 +8,11 @@ before the next row crosses a boundary, so a step is one array add, plus finding
 blocks for the rows that cross on the steps where some do. `AppendCursor` is the
 generic form over any `KVCacheManager.append_slots` (the contiguous baselines use it).
 
-A cursor is valid while its rows change only through it: the scheduler drops it whenever the
-running set changes or the rows are appended another way (chunks in the same step, forks).
-It never writes into a shared block: the batch has no forked sequences, and prefix-cache
-sharing covers whole blocks only. Pure numpy: no jax import.
+A cursor is valid while its rows get slots only through it: it is cut with its batch when the
+latest-arrived group is preempted (`without_last`), and the scheduler drops it when the running
+set changes otherwise or the rows get slots another way (chunks in the same step, forks). It
+never writes into a shared block: the batch has no forked sequences, and prefix-cache sharing
+covers whole blocks only. Pure numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -73,19 +74,19 @@ class AppendCursor:
 class PagedDecodeCursor:
     """The paged block manager's cursor (see the module docstring)."""
 
-    __slots__ = ("kv", "rows", "_state", "_until", "_tables", "_blocks_in_use")  # see __init__
+    __slots__ = ("kv", "rows", "padded_rows", "_state", "_until", "_tables", "_blocks_in_use")  # see __init__
 
     def __init__(self, kv: BlockManager, rows: np.ndarray, padded_rows: np.ndarray):
         bs, n = kv.block_size, len(rows)
-        self.kv, self.rows = kv, rows
+        self.kv, self.rows, self.padded_rows = kv, rows, padded_rows
         positions = kv.num_tokens.take(rows)  # i32[n] position of each row's next token
         state = np.zeros((3, len(padded_rows)), np.int32)  # the next step's positions, slots, context lengths
         state[0, :n] = positions
         state[2, :n] = positions
         state[2, :n] += 1
-        # The slot in the row's last block (a row whose next token starts a block reads entry 0
-        # here and gets its slot when it crosses). Small integer arrays: each numpy call counts,
-        # so the slot is block * bs + position - logical * bs.
+        # slot = block * bs + position % bs, as block * bs + position - logical * bs in place: on
+        # tens of rows each numpy call costs more than its arithmetic. (A row whose next token
+        # starts a block reads table entry 0 here and gets its slot when it crosses.)
         logical = positions // bs
         slots = kv.block_tables[rows, logical]
         slots *= bs
@@ -105,7 +106,7 @@ class PagedDecodeCursor:
         `padded_rows`: the same arrays, cut."""
         m, size = len(self.rows) - count, len(padded_rows)
         kept = PagedDecodeCursor.__new__(PagedDecodeCursor)
-        kept.kv, kept.rows, kept._until = self.kv, self.rows[:m], self._until
+        kept.kv, kept.rows, kept.padded_rows, kept._until = self.kv, self.rows[:m], padded_rows, self._until
         kept._state = np.zeros((3, size), np.int32)
         kept._state[:, :m] = self._state[:, :m]
         kept._blocks_in_use = int(kept._state[0, :m].max()) // self.kv.block_size + 1 if m else 1
@@ -147,9 +148,7 @@ class PagedDecodeCursor:
         self._blocks_in_use = max(self._blocks_in_use, max(logical) + 1)
         width = _table_width(kv, self._blocks_in_use)
         if width > self._tables.shape[1]:  # a row grew past the bucketed width: gather anew
-            padded = np.zeros(len(self._tables), np.int64)
-            padded[: len(self.rows)] = self.rows
-            self._tables = np.ascontiguousarray(kv.block_tables.take(padded, axis=0)[:, :width])
+            self._tables = np.ascontiguousarray(kv.block_tables.take(self.padded_rows, axis=0)[:, :width])
         else:
             tables = self._tables = self._tables.copy()  # the previous step's plan holds the old one
             for i, index, block in zip(crossing, logical, blocks):
