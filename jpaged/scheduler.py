@@ -223,7 +223,7 @@ class Scheduler:
             budget[0] -= len(seqs)
             return num_preempted
         slots, copies = appended
-        batch.advance()
+        batch.advance()  # its slots came from append_slots: its cursor no longer holds
         if not chunks:
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
@@ -381,8 +381,7 @@ class Scheduler:
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
             shares = [self._share(f) for f in followers]
-            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
-                             if followers else 0)
+            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
             leader_blocks = bm.blocks_for(len(leader.token_ids))
             need = leader_blocks + unique_blocks
             if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
@@ -399,7 +398,7 @@ class Scheduler:
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
                 count = len(leader.token_ids) - cached
-                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
@@ -418,11 +417,10 @@ class Scheduler:
             self._kv_events += 1
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
             self.num_cached_tokens += cached
-            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs) if followers else len(leader.token_ids)
+            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            if followers:
-                self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
             self._join_running(group)
             admitted.append(group)
             leader.num_computed_tokens = cached
@@ -432,8 +430,7 @@ class Scheduler:
                 for follower in followers:  # the blocks they share are written this step: join now
                     self._attach(follower)
                     self._schedule_chunk(builder, budget, follower, follower.num_uncomputed_tokens)
-            if (any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs) if followers
-                    else leader.num_uncomputed_tokens):  # (the leader is resident)
+            if any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs):
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
             if self.prefix_caching:
                 for seq in seqs:
