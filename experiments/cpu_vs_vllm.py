@@ -114,7 +114,8 @@ def run_jpaged(workload: dict) -> dict:
 
     block_size = workload["block_size"]
     config = EngineConfig(
-        model=ModelConfig(name=workload["model"], dtype=workload["dtype"], attention_backend="xla",
+        # auto: on CPU the native decode kernel where it builds (pallas_kernels.native_cpu), else XLA.
+        model=ModelConfig(name=workload["model"], dtype=workload["dtype"], attention_backend="auto",
                           checkpoint=workload["model_dir"]),
         cache=CacheConfig(block_size=block_size, num_blocks=workload["kv_slots"] // block_size + 1,
                           num_host_blocks=0),  # + the reserved block 0; no swap space: recompute
@@ -128,7 +129,7 @@ def run_jpaged(workload: dict) -> dict:
     outputs = engine.generate(workload["prompts"], params)
     wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
     return {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
-            "engine": "jpaged"}
+            "engine": "jpaged", "attention_backend": executor.runner.backend}
 
 
 def vllm_available(python: str) -> str | None:

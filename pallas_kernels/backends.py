@@ -1,10 +1,13 @@
 """The attention backends, named in this one place.
 
-- `xla`: the plain-jnp paths (chunk-streamed decode, tiled prefill); any platform, CPU's default.
+- `xla`: the plain-jnp paths (chunk-streamed decode, tiled prefill); any platform.
+- `cpu_native`: decode and prefill attention by a C++ XLA FFI kernel that reads the pool in place
+  (`native_cpu`, compiled on first use); CPU only. CPU's default when it builds (a C++ compiler
+  is found), else `xla`.
 - `pallas_triton`: the Pallas kernels lowered through Pallas's Triton backend (A100, H100/H200);
   `interpret=True` runs them on CPU. The GPU default.
 - `pallas`: an alias for the Pallas lowering the project defaults to, today `pallas_triton`.
-- `auto`: `pallas` on a GPU, `xla` elsewhere.
+- `auto`: `pallas` on a GPU, `cpu_native` on CPU (`xla` where it does not build).
 
 JAX deprecates the Pallas Triton lowering in favour of Mosaic GPU. The seam for that: a backend
 entry names its Pallas lowering and builds that lowering's compiler params (`compiler_params`),
@@ -22,7 +25,7 @@ from typing import Any, Callable, Literal, Mapping
 
 import jax
 
-BackendName = Literal["auto", "pallas", "pallas_triton", "xla"]
+BackendName = Literal["auto", "pallas", "pallas_triton", "xla", "cpu_native"]
 BACKEND_NAMES: tuple[str, ...] = typing.get_args(BackendName)
 
 
@@ -44,6 +47,8 @@ class AttentionBackend:
 
 BACKENDS: dict[str, AttentionBackend] = {
     "xla": AttentionBackend("xla", None, ("cpu", "gpu", "tpu"), "plain jnp: chunk-streamed decode, tiled prefill"),
+    "cpu_native": AttentionBackend("cpu_native", None, ("cpu",),
+                                   "C++ FFI attention reading the pool in place (native_cpu)"),
     "pallas_triton": AttentionBackend("pallas_triton", "triton", ("gpu",),
                                       "Pallas kernels through the Triton lowering (A100, H100/H200)"),
 }
@@ -52,15 +57,24 @@ PALLAS_TRITON = BACKENDS["pallas_triton"]
 
 
 def resolve_backend(backend: str) -> str:
-    """The canonical backend name: aliases resolved, `auto` -> `pallas` on GPU and `xla` elsewhere.
+    """The canonical backend name: aliases resolved, `auto` -> `pallas` on GPU, `cpu_native` on CPU
+    when its kernel builds, else `xla`.
 
     On CPU the Pallas kernels only run in interpret mode, which is far slower than XLA.
+    `cpu_native` that cannot build or run here is a ValueError saying why.
     """
+    from pallas_kernels import native_cpu  # imports this module's package: not at the top
+
     if backend == "auto":
-        backend = "pallas" if jax.default_backend() == "gpu" else "xla"
+        if jax.default_backend() == "gpu":
+            backend = "pallas"
+        else:
+            backend = "cpu_native" if native_cpu.available() else "xla"
     backend = ALIASES.get(backend, backend)
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {list(BACKEND_NAMES)}, got {backend!r}")
+    if backend == "cpu_native" and not native_cpu.available():
+        raise ValueError(f"backend: cpu_native is unavailable here ({native_cpu.unavailable_reason()}); use 'xla'")
     return backend
 
 

@@ -17,9 +17,10 @@ to 16 rows and write 16x the partials. Each split keeps a flash-style running ma
 partials are combined after the kernel. Splits past a sequence's length run zero loop iterations.
 
 `paged_attention_reference` is the plain-jnp gather + softmax, the oracle. `paged_attention_xla` is
-the XLA path used on CPU: the same math streamed over chunks of the block table with an online
-softmax, so the gathered K/V never exist as a whole copy (the plain gather costs ~1.9x contiguous
-attention on CPU, the streamed one ~1x). `select_impl(backend)` picks the XLA path or the kernel.
+the XLA path: the same math streamed over chunks of the block table with an online softmax, so
+the gathered K/V never exist as a whole copy (the plain gather costs ~1.9x contiguous attention
+on CPU, the streamed one ~1x). On CPU the `cpu_native` backend's C++ kernel
+(`native_cpu.paged_attention_cpu`) reads the pages in place instead. `select_impl(backend)` picks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels import launch
+from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, combine_splits, decode_rows,
@@ -254,7 +255,7 @@ def paged_attention(
     return combine_splits(o, m, l)[:, :, :group].reshape(batch, num_q_heads, head_dim).astype(q.dtype)
 
 
-IMPLS = {"xla": paged_attention_xla, "pallas_triton": paged_attention}
+IMPLS = {"xla": paged_attention_xla, "cpu_native": native_cpu.paged_attention_cpu, "pallas_triton": paged_attention}
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):

@@ -18,8 +18,9 @@ The wrapper scatters tile rows back to token order. Tiles default to 64 rows (a 
 re-reads its sequence's K/V once per tile); a decode sequence costs one tile per KV head.
 
 `paged_prefill_attention_reference` is the plain-jnp oracle (a scan over sequences);
-`paged_prefill_attention_xla` the XLA path used on CPU (the kernel's tile plan, vectorised).
-`select_impl(backend)` picks the XLA path or the kernel.
+`paged_prefill_attention_xla` the XLA path (the kernel's tile plan, vectorised); on CPU the
+`cpu_native` backend's C++ kernel (`native_cpu.paged_prefill_attention_cpu`) reads the pages in
+place instead. `select_impl(backend)` picks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels import launch
+from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, gather_pages, init_softmax_state,
@@ -343,7 +344,8 @@ def paged_prefill_attention(
     return out.reshape(num_tokens, num_q_heads, head_dim)
 
 
-IMPLS = {"xla": paged_prefill_attention_xla, "pallas_triton": paged_prefill_attention}
+IMPLS = {"xla": paged_prefill_attention_xla, "cpu_native": native_cpu.paged_prefill_attention_cpu,
+         "pallas_triton": paged_prefill_attention}
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):

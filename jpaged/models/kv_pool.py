@@ -20,7 +20,8 @@ KVPool = tuple[jax.Array, jax.Array]
 
 
 def storage_dtype(dtype: Any, backend: str | None = None, attention_backend: str = "xla") -> jnp.dtype:
-    """The dtype a KV pool of `dtype` values is stored in: bfloat16 as uint16 bits on CPU's XLA path.
+    """The dtype a KV pool of `dtype` values is stored in: bfloat16 as uint16 bits on CPU's XLA and
+    cpu_native paths (`attention_backend` resolved, `pallas_kernels.backends.resolve_backend`).
 
     XLA:CPU gathers and scatters no bfloat16 array: a bf16 pool would be converted whole to
     float32 (or, bitcast inside the step, copied whole) in every step. Stored as its bits, the
@@ -30,7 +31,7 @@ def storage_dtype(dtype: Any, backend: str | None = None, attention_backend: str
     """
     dtype = jnp.dtype(dtype)
     backend = backend or jax.default_backend()
-    if dtype == jnp.bfloat16 and backend == "cpu" and attention_backend == "xla":
+    if dtype == jnp.bfloat16 and backend == "cpu" and attention_backend in ("xla", "cpu_native"):
         return jnp.dtype(jnp.uint16)
     return dtype
 

@@ -13,7 +13,7 @@ from jpaged.models.kv_pool import init_kv_pool, storage_dtype
 from jpaged.models.paged_batch import build_step_arrays, greedy_generate, scattered_tables
 from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
-from pallas_kernels import cache_ops
+from pallas_kernels import cache_ops, native_cpu
 
 BLOCK_SIZE = 8
 
@@ -83,3 +83,28 @@ def test_block_ops_move_bits_pools_exactly():
     written, _ = cache_ops.write_kv(*pools(True), new, new, slots, 1)
     expected, _ = cache_ops.write_kv(*pools(False), new, new, slots, 1)
     np.testing.assert_array_equal(np.asarray(written), np.asarray(expected).view(np.uint16))
+
+
+@pytest.mark.skipif(not native_cpu.available(), reason=f"native CPU kernel: {native_cpu.unavailable_reason()}")
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+def test_native_decode_on_the_bits_pool_matches_the_xla_path(name):
+    """The cpu_native backend reads the same uint16 pool: its decode logits equal the XLA path's
+    up to float32 summation order (and the bf16 rounding of the attention output that follows)."""
+    spec = get_preset(name)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), decoder.init_params(spec))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, spec.vocab_size, n).tolist() for n in (13, 5, 21)]
+    need = [-(-(len(p) + 1) // BLOCK_SIZE) for p in prompts]
+    tables = scattered_tables(rng, need, sum(need) + 3)
+    runners = {b: ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend=b) for b in ("xla", "cpu_native")}
+    pool = init_kv_pool(spec, sum(need) + 3, BLOCK_SIZE, storage_dtype(jnp.bfloat16, "cpu", "cpu_native"))
+    logits, pool = runners["xla"].prefill(pool, build_step_arrays(prompts, [len(p) for p in prompts], tables,
+                                                                  BLOCK_SIZE))
+    contexts = [p + [int(t)] for p, t in zip(prompts, np.asarray(logits).argmax(-1))]
+    decode = build_step_arrays(contexts, [1] * 3, tables, BLOCK_SIZE, pad_tokens=1, pad_seqs=1)
+    out = {}
+    for backend, runner in runners.items():
+        step_logits, pool = runner.decode(pool, decode)  # both write the same K/V bits, then read them
+        out[backend] = np.asarray(step_logits[:3])
+    scale = np.abs(out["xla"]).max()
+    assert np.abs(out["cpu_native"] - out["xla"]).max() < 0.02 * scale

@@ -12,8 +12,12 @@ from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
+from pallas_kernels import native_cpu
 
 NUM_BLOCKS = 48
+# The CPU attention backends: the XLA paths, and the native decode kernel where it builds.
+CPU_BACKENDS = ["xla", pytest.param("cpu_native", marks=pytest.mark.skipif(
+    not native_cpu.available(), reason=f"native CPU kernel: {native_cpu.unavailable_reason()}"))]
 
 
 def sharp_params(spec, seed=0):
@@ -35,7 +39,8 @@ def rel_err(got, want):
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_decode_step_by_step_matches_dense(name, block_size):
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_decode_step_by_step_matches_dense(name, block_size, backend):
     spec = get_preset(name)
     params = sharp_params(spec)
     rng = np.random.default_rng(block_size)
@@ -45,7 +50,7 @@ def test_decode_step_by_step_matches_dense(name, block_size):
     tables = scattered_tables(rng, [max_blocks] * len(seqs), NUM_BLOCKS)
     dense = [decoder.dense_forward(spec, params, jnp.asarray([s], jnp.int32))[0] for s in seqs]  # [L, V] each
 
-    runner = ModelRunner(spec, params, block_size=block_size, attention_backend="xla")
+    runner = ModelRunner(spec, params, block_size=block_size, attention_backend=backend)
     pool = nan_pool(spec, block_size)
     contexts = [s[:n] for s, n in zip(seqs, prompt_lens)]
     arrays = build_step_arrays(contexts, prompt_lens, tables, block_size, pad_tokens=7, pad_seqs=1, pad_blocks=1)

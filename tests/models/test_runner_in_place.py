@@ -16,6 +16,8 @@ from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from pallas_kernels.targets import A100, abstract_gpu
 
+from tests.models.test_paged_equivalence import CPU_BACKENDS
+
 BLOCK_SIZE, NUM_BLOCKS = 16, 1024  # a pool much larger than the activations: a copy would stand out
 
 
@@ -30,8 +32,9 @@ def _setup(backend="xla", interpret=True):
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_compiled_step_aliases_the_pool_and_needs_no_layer_of_scratch(kind):
-    spec, runner, plans = _setup()
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_compiled_step_aliases_the_pool_and_needs_no_layer_of_scratch(kind, backend):
+    spec, runner, plans = _setup(backend)
     pool = init_kv_pool(spec, NUM_BLOCKS, BLOCK_SIZE)
     step = runner._decode if kind == "decode" else runner._prefill
     arrays = {k: jnp.asarray(v) for k, v in plans[kind].items()}
@@ -45,8 +48,9 @@ def test_compiled_step_aliases_the_pool_and_needs_no_layer_of_scratch(kind):
     assert mem.temp_size_in_bytes < layer_bytes // 8
 
 
-def test_step_keeps_the_pool_buffers():
-    spec, runner, plans = _setup()
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_step_keeps_the_pool_buffers(backend):
+    spec, runner, plans = _setup(backend)
     pool = init_kv_pool(spec, NUM_BLOCKS, BLOCK_SIZE)
     pointers = [p.unsafe_buffer_pointer() for p in pool]
     _, pool = runner.prefill(pool, plans["prefill"])

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import native_cpu
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 
@@ -21,6 +22,8 @@ def _decode(case_arrays, q, backend):
         fn = pa.paged_attention_reference
     elif backend == "xla":
         fn = functools.partial(pa.paged_attention_xla, block_k=16)  # several scan steps
+    elif backend == "cpu_native":
+        fn = pa.select_impl(backend)
     else:
         fn = pa.select_impl(backend, interpret=INTERPRET, block_k=16, num_splits=3)
     return np.asarray(fn(jnp.asarray(q), *case_arrays, scale=SCALE))
@@ -51,7 +54,11 @@ def _cases(stale_tables: bool):
     return [c.device(jnp.float32) for c in cases]
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla", "reference"])
+NATIVE = pytest.param("cpu_native", marks=pytest.mark.skipif(
+    not native_cpu.available(), reason=f"native CPU kernel: {native_cpu.unavailable_reason()}"))
+
+
+@pytest.mark.parametrize("backend", ["pallas", "xla", NATIVE, "reference"])
 @pytest.mark.parametrize("stale_tables", [False, True])
 def test_decode_ignores_stale_slots(backend, stale_tables):
     nan_case, zero_case = _cases(stale_tables)
@@ -61,7 +68,7 @@ def test_decode_ignores_stale_slots(backend, stale_tables):
     np.testing.assert_array_equal(out_nan, out_zero)
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla", "reference"])
+@pytest.mark.parametrize("backend", ["pallas", "xla", NATIVE, "reference"])
 @pytest.mark.parametrize("stale_tables", [False, True])
 def test_prefill_ignores_stale_slots(backend, stale_tables):
     nan_case, zero_case = _cases(stale_tables)
@@ -72,7 +79,7 @@ def test_prefill_ignores_stale_slots(backend, stale_tables):
     np.testing.assert_array_equal(out_nan, out_zero)
 
 
-@pytest.mark.parametrize("backend", ["pallas", "xla"])
+@pytest.mark.parametrize("backend", ["pallas", "xla", NATIVE])
 def test_freed_block_contents_do_not_leak(backend):
     # Sequence A filled blocks 3 and 5 with large values and was freed; sequence B (3 tokens) now
     # owns block 5, whose slots 3.. still hold A's data. B must see only its own 3 tokens.
@@ -95,6 +102,8 @@ def test_freed_block_contents_do_not_leak(backend):
 def test_select_impl():
     assert pa.select_impl("xla") is pa.paged_attention_xla
     assert pp.select_impl("xla") is pp.paged_prefill_attention_xla
+    assert pa.IMPLS["cpu_native"] is native_cpu.paged_attention_cpu
+    assert pp.IMPLS["cpu_native"] is native_cpu.paged_prefill_attention_cpu
     assert pp.select_impl("pallas_triton", block_q=8).keywords == {"interpret": False, "block_q": 8}
     assert pa.select_impl("pallas", interpret=True).keywords == {"interpret": True}
     with pytest.raises(ValueError, match="backend"):
