@@ -46,16 +46,26 @@ def _sample_row(logits, temperature, top_k, top_p, seed, stream, position):
     return jax.random.categorical(key, masked)
 
 
+def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
+    """`jnp.argmax(logits, -1)` as i32[R] from logits f32[R, V] and their row max f32[R, 1]: the
+    first index holding the max (or the first NaN, as argmax). A min over candidate indices is one
+    plain reduction; argmax's (value, index) reduction ran at half the speed on XLA:CPU (48 x 50,272:
+    7.1 -> 3.3 ms), and the max is needed for the log-probabilities anyway."""
+    vocab = logits.shape[-1]
+    is_max = (logits == row_max) | jnp.isnan(logits)  # a NaN row max is NaN: its first NaN wins
+    return jnp.min(jnp.where(is_max, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+
+
 @functools.partial(jax.jit, static_argnames=("num_top", "any_random"))
 def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top, any_random):
     logits = logits[logits_rows].astype(jnp.float32)  # [R, V]
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [R, 1]
+    tokens = greedy_tokens(logits, row_max)
     if any_random:  # the per-row sort of the vocabulary costs: skip it for all-greedy batches
         drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
         tokens = jnp.where(temperature == 0, tokens, drawn).astype(jnp.int32)
     # log_softmax's own arithmetic ((x - max) - log sum exp(x - max)), applied only to the entries
     # returned: two row reductions [R, V] -> [R], no [R, V] row of log-probabilities written.
-    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [R, 1]
     log_norm = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))  # [R, 1]
     chosen = ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
     if num_top:

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jpaged.sampling import sample
+from jpaged.sampling import greedy_tokens, sample
 from jpaged.step_plan import SamplingBatch
 
 
@@ -34,3 +34,16 @@ def test_sampled_token_logprob_is_that_tokens():
     result = sample(jax.numpy.asarray(logits), _batch([0, 1], temperature=1.0))
     full = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     np.testing.assert_allclose(result.logprobs, full[np.arange(2), result.token_ids], rtol=1e-6, atol=1e-6)
+
+
+def test_greedy_tokens_equal_argmax_on_ties_infinities_and_nan():
+    logits = np.random.default_rng(2).normal(size=(6, 50)).astype(np.float32)
+    logits[0, [3, 7, 40]] = 9.0  # a three-way tie: the first index wins
+    logits[1] = -np.inf  # every token impossible
+    logits[2, [5, 30]] = np.inf
+    logits[3, [11, 20]] = np.nan  # argmax returns the first NaN
+    logits[4, 0] = np.nan
+    row_max = np.max(logits, axis=-1, keepdims=True)
+    got = np.asarray(greedy_tokens(jax.numpy.asarray(logits), jax.numpy.asarray(row_max)))
+    np.testing.assert_array_equal(got, np.asarray(jax.numpy.argmax(jax.numpy.asarray(logits), axis=-1)))
+    np.testing.assert_array_equal(got[:5], [3, 0, 5, 11, 0])
