@@ -184,7 +184,7 @@ def run(config: ProfileForwardConfig) -> dict:
                                  attention_backend=config.model.attention_backend, per_layer_weights=per_layer)
             # Stored as the engine stores it (bfloat16 as its bits on CPU, kv_pool.storage_dtype).
             pool = init_kv_pool(spec, num_blocks, config.block_size,
-                                storage_dtype(dtype, attention_backend=config.model.attention_backend))
+                                storage_dtype(dtype, attention_backend=runner.backend))  # "auto" resolved
             result, _ = profile_case(runner, pool, arrays, num_seqs, config.steps)
             case = {"layout": layout, "kind": kind, "num_seqs": num_seqs, "context_len": context_len,
                     "query_tokens": num_seqs * num_query, **result, "load_average": os.getloadavg()}

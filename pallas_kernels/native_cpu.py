@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "paged_attention_cpu.cc"
 TARGET = "jpaged_paged_attention_cpu"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC")
 
 
 def _compiler() -> str | None:

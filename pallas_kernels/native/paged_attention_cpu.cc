@@ -36,12 +36,24 @@ namespace {
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxBlockSize = 256;
 
-// One K/V row of `n` values as float32 in `dst` (bfloat16 bits: shifted into the high half, exact).
-inline const float* Row(const float* src, float*, int64_t) { return src; }
-inline const float* Row(const uint16_t* src, float* dst, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
-  return dst;
+// Element i of a K/V row as float32 (bfloat16 bits: shifted into the high half, exact).
+inline float Value(const float* row, int64_t i) { return row[i]; }
+inline float Value(const uint16_t* row, int64_t i) {
+  return std::bit_cast<float>(static_cast<uint32_t>(row[i]) << 16);
+}
+
+// Asks for the next page's K and V while this one is computed: pages lie at random places in the
+// pool, so the hardware prefetcher cannot guess the next one (each would start with a cache miss).
+template <typename T>
+inline void Prefetch(const T* k_pool, const T* v_pool, int64_t head_base, int64_t block, int64_t num_blocks,
+                     int64_t elements) {
+  block = std::clamp<int64_t>(block, 0, num_blocks - 1);
+  const char* k = reinterpret_cast<const char*>(k_pool + (head_base + block) * elements);
+  const char* v = reinterpret_cast<const char*>(v_pool + (head_base + block) * elements);
+  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(k + byte);
+    __builtin_prefetch(v + byte);
+  }
 }
 
 struct Problem {
@@ -56,49 +68,71 @@ struct Problem {
   float scale;
 };
 
-// One (query row r, KV head h) item: all query heads of h's group over the row's keys.
-template <typename T>
+// One (query row r, KV head h) item: all query heads of h's group over the row's keys. kDim is
+// the head dim when known at compile time (its loops then unroll and keep `acc` in registers),
+// 0 for any other (read from the problem).
+template <typename T, int kDim>
 void AttendOne(const Problem& p, int64_t r, int64_t h) {
-  const int64_t group = p.num_q_heads / p.num_kv_heads, d = p.head_dim, bs = p.block_size;
+  const int64_t group = p.num_q_heads / p.num_kv_heads, bs = p.block_size;
+  const int64_t d = kDim > 0 ? kDim : p.head_dim;
   const int64_t length = std::clamp<int64_t>(p.row_keys[r], 0, p.max_blocks * bs);
   const int32_t* table = p.tables + std::clamp<int64_t>(p.row_seq[r], 0, p.num_seqs - 1) * p.max_blocks;
   const T* k_pool = static_cast<const T*>(p.k);
   const T* v_pool = static_cast<const T*>(p.v);
   const int64_t head_base = (p.layer * p.num_kv_heads + h) * p.num_blocks;  // row of block 0
   for (int64_t g = 0; g < group; ++g) {
-    const float* q = p.q + (r * p.num_q_heads + h * group + g) * d;
-    float* out = p.out + (r * p.num_q_heads + h * group + g) * d;
-    float acc[kMaxHeadDim] = {0.0f};
+    const int64_t offset = (r * p.num_q_heads + h * group + g) * d;
+    alignas(64) float q[kMaxHeadDim], acc[kMaxHeadDim];
+    for (int64_t i = 0; i < d; ++i) q[i] = p.q[offset + i] * p.scale, acc[i] = 0.0f;
     float scores[kMaxBlockSize];
-    alignas(64) float row[kMaxHeadDim];  // a bfloat16 row converted to float32
     float running_max = -INFINITY, denom = 0.0f;
     for (int64_t start = 0; start < length; start += bs) {
       const int64_t block = std::clamp<int64_t>(table[start / bs], 0, p.num_blocks - 1);
-      const int64_t base = (head_base + block) * bs * d;  // element offset of the block's slot 0
+      const T* k_block = k_pool + (head_base + block) * bs * d;  // slot 0 of the block
+      const T* v_block = v_pool + (head_base + block) * bs * d;
       const int64_t live = std::min(bs, length - start);
+      if (start + bs < length) Prefetch(k_pool, v_pool, head_base, table[start / bs + 1], p.num_blocks, bs * d);
       float page_max = running_max;
       for (int64_t s = 0; s < live; ++s) {
-        const float* k = Row(k_pool + base + s * d, row, d);
+        const T* k = k_block + s * d;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < d; ++i) dot += q[i] * k[i];
-        scores[s] = dot * p.scale;
-        page_max = std::max(page_max, scores[s]);
+        for (int64_t i = 0; i < d; ++i) dot += q[i] * Value(k, i);
+        scores[s] = dot;
+        page_max = std::max(page_max, dot);
       }
       const float correction = std::exp(running_max - page_max);  // exp(-inf) = 0 on the first page
-      for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
-      denom *= correction;
+      float page_sum = 0.0f;
+#pragma omp simd reduction(+ : page_sum)
       for (int64_t s = 0; s < live; ++s) {
-        const float weight = std::exp(scores[s] - page_max);
-        denom += weight;
-        const float* v = Row(v_pool + base + s * d, row, d);
+        scores[s] = std::exp(scores[s] - page_max);
+        page_sum += scores[s];
+      }
+      denom = denom * correction + page_sum;
 #pragma omp simd
-        for (int64_t i = 0; i < d; ++i) acc[i] += weight * v[i];
+      for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
+      for (int64_t s = 0; s < live; ++s) {
+        const T* v = v_block + s * d;
+        const float weight = scores[s];
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) acc[i] += weight * Value(v, i);
       }
       running_max = page_max;
     }
     const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
-    for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
+    for (int64_t i = 0; i < d; ++i) p.out[offset + i] = acc[i] * inv;
+  }
+}
+
+template <typename T>
+void Attend(const Problem& p, int64_t r, int64_t h) {
+  switch (p.head_dim) {
+    case 64:
+      return AttendOne<T, 64>(p, r, h);
+    case 128:
+      return AttendOne<T, 128>(p, r, h);
+    default:
+      return AttendOne<T, 0>(p, r, h);
   }
 }
 
@@ -115,9 +149,9 @@ struct Work {
     for (int64_t item = next.fetch_add(1); item < total; item = next.fetch_add(1)) {
       const int64_t r = item / problem.num_kv_heads, h = item % problem.num_kv_heads;
       if (bf16) {
-        AttendOne<uint16_t>(problem, r, h);
+        Attend<uint16_t>(problem, r, h);
       } else {
-        AttendOne<float>(problem, r, h);
+        Attend<float>(problem, r, h);
       }
       done.fetch_add(1, std::memory_order_release);
     }
