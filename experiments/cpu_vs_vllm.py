@@ -9,7 +9,9 @@ vLLM, each in a fresh process (A B A B ...) that serves the workload twice and t
 run: wall seconds, and CPU seconds of the process and its children (vLLM's engine core is one).
 Per condition the result gives output tokens per wall-second and per CPU-second of each engine,
 the jpaged / vLLM ratios of each round, their medians, and how many requests got identical
-greedy tokens from both engines.
+greedy tokens from both engines. jpaged runs attention_backend "auto": on CPU the native
+attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths; each jpaged
+run records which.
 
 vLLM runs with `vllm_python` (its own virtual environment, ../shared/bench/README.md); when that
 interpreter is missing or cannot import vllm, the vLLM side is skipped with a message and only
