@@ -56,18 +56,37 @@ def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(is_max, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_top", "any_random"))
-def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top, any_random):
-    logits = logits[logits_rows].astype(jnp.float32)  # [R, V]
+def _greedy_and_logprobs(logits):
+    """Greedy tokens i32[R] and their log-probabilities f32[R] from logits f32[R, V], plus the
+    row max and log normaliser f32[R, 1] for the callers that need more log-probabilities.
+
+    log_softmax's own arithmetic ((x - max) - log sum exp(x - max)), applied only to the entries
+    returned: row reductions [R, V] -> [R], no [R, V] row of log-probabilities written.
+    """
     row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [R, 1]
     tokens = greedy_tokens(logits, row_max)
+    log_norm = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))  # [R, 1]
+    return tokens, _logprob_of(logits, tokens, row_max, log_norm), row_max, log_norm
+
+
+def _logprob_of(logits, tokens, row_max, log_norm):
+    return ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("num_top", "any_random"))
+def _sample(logits, logits_rows, temperature, top_k, top_p, seed, stream, position, *, num_top, any_random):
+    logits = logits.astype(jnp.float32)  # [S, V]
+    if not (any_random or num_top):
+        # All greedy: reduce the step's rows where they lie and pick the results per sample row,
+        # rather than first copying every sample row's [V] logits (the same arithmetic per row).
+        tokens, chosen, _, _ = _greedy_and_logprobs(logits)
+        return tokens[logits_rows], chosen[logits_rows], None, None
+    logits = logits[logits_rows]  # [R, V]
+    tokens, chosen, row_max, log_norm = _greedy_and_logprobs(logits)
     if any_random:  # the per-row sort of the vocabulary costs: skip it for all-greedy batches
         drawn = jax.vmap(_sample_row)(logits, temperature, top_k, top_p, seed, stream, position)
         tokens = jnp.where(temperature == 0, tokens, drawn).astype(jnp.int32)
-    # log_softmax's own arithmetic ((x - max) - log sum exp(x - max)), applied only to the entries
-    # returned: two row reductions [R, V] -> [R], no [R, V] row of log-probabilities written.
-    log_norm = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))  # [R, 1]
-    chosen = ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
+        chosen = _logprob_of(logits, tokens, row_max, log_norm)
     if num_top:
         top_logits, top_ids = jax.lax.top_k(logits, num_top)  # log-softmax keeps the order
         return tokens, chosen, top_ids.astype(jnp.int32), (top_logits - row_max) - log_norm
