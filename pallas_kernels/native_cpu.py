@@ -41,10 +41,14 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "paged_attention_cpu.cc"
 TARGET = "jpaged_paged_attention_cpu"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC")
+# -fopenmp-simd: the source's `omp simd` loops vectorise (no OpenMP runtime); -fno-math-errno lets
+# the page's exp() loop call the vector math library; 512-bit vectors where the CPU has them.
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp-simd", "-std=c++20",
+         "-shared", "-fPIC")
 
 
 def _compiler() -> str | None:
+    """The C++ compiler to build with: $CXX, else the first of c++, g++, clang++ on PATH."""
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
@@ -61,6 +65,7 @@ def _cpu_id() -> str:
 
 
 def _library_path(compiler: str) -> Path:
+    """Where the library built from SOURCE with `compiler` and FLAGS for this CPU and jax lives."""
     key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, *FLAGS, jax.__version__, _cpu_id()]).encode())
     cache = Path(os.environ.get("JPAGED_CACHE_DIR", Path.home() / ".cache" / "jpaged"))
     return cache / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"

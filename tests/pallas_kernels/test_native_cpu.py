@@ -79,8 +79,8 @@ def test_out_of_range_block_ids_stay_inside_the_pool_and_lengths_are_clamped():
     bad_tables = tables.at[5, 1].set(10 ** 6).at[6, 0].set(-3)  # past the pool, negative: clamped to a block
     long_lens = lens.at[3].set(10 ** 6)  # past the table: read as M * Bs tokens, as the XLA path does
     out = np.asarray(native_cpu.paged_attention_cpu(q, k, v, bad_tables, long_lens, 0, scale=0.125))
-    want = np.asarray(pa.paged_attention_reference(q, k, v, tables, jnp.minimum(long_lens, tables.shape[1] * BLOCK_SIZE),
-                                                   0, scale=0.125))
+    clamped = jnp.minimum(long_lens, tables.shape[1] * BLOCK_SIZE)
+    want = np.asarray(pa.paged_attention_reference(q, k, v, tables, clamped, 0, scale=0.125))
     assert np.isfinite(out).all()
     assert rel_err(out[:5], want[:5]) < 1e-5  # the sequences with valid tables
 
