@@ -189,6 +189,9 @@ def host_and_real_engine(results: dict, figures: Figures) -> str:
     peer = results.get("bench_host_peer")
     if peer is not None:
         out += _peer(peer) + "\n\n"
+    runs = [results[k] for k in ("cpu_vs_vllm", "cpu_vs_vllm_bf16") if k in results]
+    if runs:
+        out += _against_vllm(runs) + "\n\n"
     r = results.get("serve_real")
     if r is None:
         return out + not_run("serve_real")
@@ -228,6 +231,28 @@ def _peer(peer: dict) -> str:
             f"sequence-step; load average {load}):\n\n" + "\n".join(rows)
             + f"\n\njpaged is faster than the peer in {sum(faster)} of {len(faster)} cells (target: all, with prefix "
               "caching on).")
+
+
+def _against_vllm(runs: list[dict]) -> str:
+    """cpu_vs_vllm's alternating runs of jpaged and vLLM's CPU build: tokens per wall- and CPU-second."""
+    rows = ["| dtype | KV slots | tok / wall-s (jpaged, vLLM) | wall ratio | tok / CPU-s (jpaged, vLLM) | CPU ratio | "
+            "identical greedy tokens | load |", "|---|---|---|---|---|---|---|---|"]
+    ahead = []
+    for r in runs:
+        for c in r["conditions"]:
+            s = c["summary"]
+            loads = [run["load_average_before"][0] for engine in ("jpaged", "vllm") for run in c["runs"][engine]]
+            rows.append(f"| {c['dtype']} | {c['kv_slots']:,} | {s['jpaged']['tok_per_wall_s']:.0f}, "
+                        f"{s['vllm']['tok_per_wall_s']:.0f} | {s['ratio_wall']:.2f} | {s['jpaged']['tok_per_cpu_s']:.0f}, "
+                        f"{s['vllm']['tok_per_cpu_s']:.0f} | {s['ratio_cpu']:.2f} | {s['identical_requests']}/"
+                        f"{r['num_requests']} | {min(loads):.1f}-{max(loads):.1f} |")
+            ahead += [s["ratio_wall"] >= 1, s["ratio_cpu"] >= 1]
+    return (f"{command('cpu_vs_vllm')} and {command('cpu_vs_vllm', 'cpu_vs_vllm_bf16')}: the real engine against vLLM's CPU build on one local "
+            "Hugging Face directory (opt-125m, dummy weights), serve_real's requests, greedy, jpaged then vLLM in fresh "
+            "processes each round, medians of the per-round ratios (jpaged / vLLM; load: the 1-minute load average "
+            "before each run, on 2 cores; docs/ARCHITECTURE.md, CPU path, has the loaded runs and how to read vLLM's "
+            "CPU seconds):\n\n" + "\n".join(rows)
+            + f"\n\njpaged is at least as fast as vLLM in {sum(ahead)} of {len(ahead)} cells (target: all).")
 
 
 def provenance(results: dict, figures: Figures) -> str:
