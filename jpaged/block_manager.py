@@ -7,11 +7,16 @@ of a group share blocks (parallel sampling, beam search); a write into a shared 
 by copy-on-write. Block 0 is reserved: padding entries point at it, so padded writes are harmless.
 
 Hot paths are vectorized over sequences (`append_slots`); the free lists are
-Python lists used as stacks (O(1) pop and push). Pure Python + numpy: no jax import.
+Python lists used as stacks (O(1) pop and push). The counters and tables live in `array.array`
+buffers with numpy views of the same memory (`_int32_cells`): whole-batch operations use the
+views, while the per-event paths (admit, free, fork, opening a block: a few rows and blocks each)
+index the buffers with plain integers, several times cheaper than numpy scalar indexing. Pure
+Python + numpy: no jax import.
 """
 
 from __future__ import annotations
 
+import array
 from typing import Hashable
 
 import numpy as np
@@ -19,6 +24,14 @@ import numpy as np
 from jpaged.decode_cursor import PagedDecodeCursor
 from jpaged.kv_manager import AllocStatus
 from jpaged.prefix_cache import PrefixCache, block_keys
+
+
+def _int32_cells(shape: tuple[int, ...]) -> tuple[array.array, np.ndarray]:
+    """Zeroed int32 cells: a flat `array.array` (fast scalar access from Python) and a numpy view
+    of the same memory with `shape` (vectorized access). Writes through either show in both."""
+    cells = array.array("i", bytes(4 * int(np.prod(shape))))
+    assert cells.itemsize == 4
+    return cells, np.frombuffer(cells, dtype=np.int32).reshape(shape)
 
 
 class BlockManager:
@@ -38,16 +51,14 @@ class BlockManager:
         self.num_host_blocks = num_host_blocks
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.watermark_blocks = int(watermark * (num_blocks - 1))
-        self.refcount = np.zeros(num_blocks, dtype=np.int32)  # [N] references from block tables
+        self._refs, self.refcount = _int32_cells((num_blocks,))  # [N] references from block tables
         self._block_offsets = np.arange(block_size, dtype=np.int32)  # [block_size] slot offsets in a block
-        self.host_refcount = np.zeros(num_host_blocks, dtype=np.int32)  # [H] references from host tables
+        self._host_refs, self.host_refcount = _int32_cells((num_host_blocks,))  # [H] references from host tables
         # Stacks: pop() hands out the lowest id first, which keeps pictures of the pool readable.
         self._free = list(range(num_blocks - 1, 0, -1))
         self._host_free = list(range(num_host_blocks - 1, -1, -1))
         rows = max(1, max_seqs) + 1  # row 0 is reserved (see kv_manager.KVCacheManager)
-        self.block_tables = np.zeros((rows, self.max_blocks_per_seq), dtype=np.int32)  # [rows, M]
-        self.num_table_blocks = np.zeros(rows, dtype=np.int32)  # [rows] logical blocks in use per row
-        self.num_tokens = np.zeros(rows, dtype=np.int32)  # [rows] tokens that have a slot per row
+        self._make_rows(rows)
         self._free_rows = list(range(rows - 1, 0, -1))
         self._row_of: dict[int, int] = {}  # seq id -> row of a resident (device) sequence
         # Row -> how far its blocks are in the prefix cache as its own (PrefixCache.insert's path).
@@ -55,7 +66,7 @@ class BlockManager:
         self._host_tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
         self._swapped_sets: dict[tuple[int, ...], int] = {}  # seq ids swapped out together -> distinct host blocks
         # Cached blocks without references stay off the free list until evicted on demand.
-        self.prefix_cache = (PrefixCache(block_size, lambda block: self.refcount[block] > 0)
+        self.prefix_cache = (PrefixCache(block_size, lambda block: self._refs[block] > 0)
                              if enable_prefix_caching else None)
 
     # ------------------------------------------------------------------ queries
@@ -88,6 +99,11 @@ class BlockManager:
     def is_swapped(self, seq_id: int) -> bool:
         """True when `seq_id` holds host blocks."""
         return seq_id in self._host_tables
+
+    def num_slots(self, seq_id: int) -> int:
+        """Tokens of `seq_id` that have a slot in its device row (0 when it holds none)."""
+        row = self._row_of.get(seq_id)
+        return 0 if row is None else self._row_tokens[row]
 
     def row_of(self, seq_id: int) -> int:
         """The block-table row of a resident sequence."""
@@ -143,7 +159,8 @@ class BlockManager:
             return AllocStatus.NEVER
         need = self.blocks_for(num_scheduled) - len(hits) + extra_blocks
         # A hit needs no new block, but an unreferenced cached block stops being reclaimable.
-        available = self.num_free_blocks - sum(1 for b in hits if self.refcount[b] == 0)
+        refs = self._refs
+        available = self.num_free_blocks - sum(1 for b in hits if refs[b] == 0)
         headroom = self.watermark_blocks if headroom is None else headroom
         return AllocStatus.OK if available - need >= headroom else AllocStatus.LATER
 
@@ -159,11 +176,13 @@ class BlockManager:
         hits = list(hits)
         row = self._take_row(seq_id)
         if hits:
-            self.refcount[hits] += 1
+            refs, tables, base = self._refs, self._tables, row * self.max_blocks_per_seq
+            for i, block in enumerate(hits):  # (a prefix path: distinct blocks)
+                refs[block] += 1
+                tables[base + i] = block
             self.prefix_cache.touch(hits)  # referenced now: no longer evictable
-            self.block_tables[row, : len(hits)] = hits
-        self.num_table_blocks[row] = len(hits)
-        self.num_tokens[row] = len(hits) * self.block_size
+        self._row_blocks[row] = len(hits)
+        self._row_tokens[row] = len(hits) * self.block_size
         return row
 
     def allocate(self, seq_id: int, num_tokens: int, hits: list[int] = ()) -> int:
@@ -174,7 +193,7 @@ class BlockManager:
         if need > self.max_blocks_per_seq:
             raise ValueError(f"{num_tokens} tokens need {need} blocks, more than the "
                              f"{self.max_blocks_per_seq} a block table holds (max_model_len)")
-        reclaimed = sum(1 for b in hits if self.refcount[b] == 0)
+        reclaimed = sum(1 for b in hits if self._refs[b] == 0)
         if need - len(hits) > self.num_free_blocks - reclaimed:
             raise ValueError(f"{num_tokens} tokens need {need - len(hits)} blocks but only "
                              f"{self.num_free_blocks - reclaimed} are free (pool of {self.num_usable_blocks}); "
@@ -190,12 +209,13 @@ class BlockManager:
         if self.prefix_cache is None:
             return
         row = self.row_of(seq_id)
-        num_full = min(int(self.num_tokens[row]), len(token_ids)) // self.block_size
+        num_full = min(self._row_tokens[row], len(token_ids)) // self.block_size
         resume = self._cache_paths.get(row)
         if resume is not None and resume[1] >= num_full:
             return  # every full block is in the tree already
         keys = block_keys(token_ids, self.block_size, keys)[:num_full]
-        path = self.prefix_cache.insert(keys, self.block_tables[row, :num_full].tolist(), cache_salt, resume)
+        base = row * self.max_blocks_per_seq
+        path = self.prefix_cache.insert(keys, self._tables[base: base + num_full].tolist(), cache_salt, resume)
         if path is not None:
             self._cache_paths[row] = path
 
@@ -205,12 +225,12 @@ class BlockManager:
             host_blocks, _ = self._host_tables.pop(seq_id)
             for key in [k for k in self._swapped_sets if seq_id in k]:
                 del self._swapped_sets[key]
-            self._release(self.host_refcount, self._host_free, np.asarray(host_blocks, dtype=np.int64))
+            self._release(self._host_refs, self._host_free, host_blocks)
             return
         if seq_id not in self._row_of:
             raise KeyError(f"cannot free sequence {seq_id}: it holds no blocks (unknown or already freed)")
         row = self._row_of.pop(seq_id)
-        self._release(self.refcount, self._free, self.block_tables[row, : self.num_table_blocks[row]])
+        self._release(self._refs, self._free, self._row_table(row))
         self._clear_row(row)
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
@@ -226,12 +246,14 @@ class BlockManager:
             raise ValueError(f"cannot fork {num_blocks} blocks of sequence {parent_id}: it holds "
                              f"{self.num_tokens[parent_row] // self.block_size} full blocks")
         row = self._take_row(child_id)
-        n = self.num_table_blocks[parent_row] if num_blocks is None else num_blocks
-        blocks = self.block_tables[parent_row, :n]
+        n = self._row_blocks[parent_row] if num_blocks is None else num_blocks
+        blocks = self._row_table(parent_row)[:n]
         self.block_tables[row, :n] = blocks
-        self.refcount[blocks] += 1
-        self.num_table_blocks[row] = n
-        self.num_tokens[row] = self.num_tokens[parent_row] if num_blocks is None else n * self.block_size
+        refs = self._refs
+        for block in blocks:
+            refs[block] += 1
+        self._row_blocks[row] = n
+        self._row_tokens[row] = self._row_tokens[parent_row] if num_blocks is None else n * self.block_size
         return row
 
     # ------------------------------------------------------------------ append (every step)
@@ -280,33 +302,38 @@ class BlockManager:
 
     def _append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """`append_slots` for one row (the same rules)."""
-        bs = self.block_size
-        pos, have = int(self.num_tokens[row]), int(self.num_table_blocks[row])
+        bs, base = self.block_size, row * self.max_blocks_per_seq
+        pos, have = self._row_tokens[row], self._row_blocks[row]
         end = pos + count
         if end > self.max_blocks_per_seq * bs:
             raise ValueError("append_slots: a row would outgrow its block table (max_model_len)")
         new_blocks = -(-end // bs) - have
-        src = int(self.block_tables[row, have - 1]) if have else 0
-        cow = pos % bs != 0 and self.refcount[src] > 1  # the first new token lands in a shared block
+        src = self._tables[base + have - 1] if have else 0
+        cow = pos % bs != 0 and self._refs[src] > 1  # the first new token lands in a shared block
         if new_blocks + cow > self.num_free_blocks:
             return None
         copy_pairs = [(src, self._copy_on_write(row, have - 1, src))] if cow else []
         if new_blocks:
             self._open_blocks(row, have, new_blocks)
-        self.num_tokens[row] = end
+        self._row_tokens[row] = end
+        first, offset = divmod(pos, bs)
+        if end <= (first + 1) * bs:  # all in one block: a run of slots
+            start = self._tables[base + first] * bs + offset
+            return np.arange(start, start + count, dtype=np.int32), copy_pairs
         # The slots of positions [pos, end): the rows' blocks [pos // bs, ceil(end / bs)) laid out
         # slot by slot, less the first block's offset (one slice and one broadcast, no gather).
-        first = pos // bs
         blocks = self.block_tables[row, first: -(-end // bs)]
         slots = (blocks[:, None] * bs + self._block_offsets).ravel()
-        return slots[pos - first * bs: end - first * bs], copy_pairs
+        return slots[offset: offset + count], copy_pairs
 
     def _open_blocks(self, row: int, first: int, count: int) -> None:
         """Appends `count` fresh blocks to `row`'s table from logical index `first` (room was checked)."""
         blocks = self._take_blocks(count)
-        self.block_tables[row, first: first + count] = blocks
-        self.refcount[blocks] = 1
-        self.num_table_blocks[row] = first + count
+        tables, refs, base = self._tables, self._refs, row * self.max_blocks_per_seq + first
+        for i, block in enumerate(blocks):
+            tables[base + i] = block
+            refs[block] = 1
+        self._row_blocks[row] = first + count
 
     def _append_one(self, rows: np.ndarray, may_share: bool) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         # Every decode step, for every sequence: a handful of whole-batch numpy operations, with a
@@ -337,10 +364,10 @@ class BlockManager:
                     src = int(last[i])
                     if src == 0:  # the row's last block is full: open a new one
                         block = self._take_block()
-                        self.block_tables[row, idx] = block
-                        self.refcount[block] = 1
-                        self.num_table_blocks[row] = idx + 1
-                    elif self.refcount[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
+                        self._tables[row * self.max_blocks_per_seq + idx] = block
+                        self._refs[block] = 1
+                        self._row_blocks[row] = idx + 1
+                    elif self._refs[src] > 1:  # shared: copy-on-write (re-checked: an earlier row may have copied)
                         block = self._copy_on_write(row, idx, src)
                         copy_pairs.append((src, block))
                     else:
@@ -357,11 +384,11 @@ class BlockManager:
         one; returns the blocks. The caller checked that `num_free_blocks` covers them. (A few
         rows per step: plain integers beat array calls.)"""
         blocks = self._take_blocks(len(rows))
-        tables, refcount, num_table_blocks = self.block_tables, self.refcount, self.num_table_blocks
+        tables, refs, row_blocks, width = self._tables, self._refs, self._row_blocks, self.max_blocks_per_seq
         for row, index, block in zip(rows, logical, blocks):
-            tables[row, index] = block
-            refcount[block] = 1
-            num_table_blocks[row] = index + 1
+            tables[row * width + index] = block
+            refs[block] = 1
+            row_blocks[row] = index + 1
         return blocks
 
     def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> PagedDecodeCursor:
@@ -371,9 +398,9 @@ class BlockManager:
     def _copy_on_write(self, row: int, index: int, src: int) -> int:
         """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""
         block = self._take_block()
-        self.refcount[src] -= 1
-        self.refcount[block] = 1
-        self.block_tables[row, index] = block
+        self._refs[src] -= 1
+        self._refs[block] = 1
+        self._tables[row * self.max_blocks_per_seq + index] = block
         return block
 
     # ------------------------------------------------------------------ swap
@@ -405,14 +432,13 @@ class BlockManager:
         host_of = {}
         for block, count in zip(blocks.tolist(), counts.tolist()):
             host = self._host_free.pop()
-            self.host_refcount[host] = count
+            self._host_refs[host] = count
             host_of[block] = host
         for s in seq_ids:
             row = self._row_of.pop(s)
-            n = self.num_table_blocks[row]
-            self._host_tables[s] = ([host_of[b] for b in self.block_tables[row, :n].tolist()],
-                                    int(self.num_tokens[row]))
-            self._release(self.refcount, self._free, self.block_tables[row, :n])
+            blocks = self._row_table(row)
+            self._host_tables[s] = ([host_of[b] for b in blocks], self._row_tokens[row])
+            self._release(self._refs, self._free, blocks)
             self._clear_row(row)
         self._swapped_sets[tuple(seq_ids)] = len(host_of)
         return list(host_of.items())
@@ -443,15 +469,15 @@ class BlockManager:
         device_of = {}
         for host, count in zip(blocks.tolist(), counts.tolist()):
             block = self._take_block()
-            self.refcount[block] = count
+            self._refs[block] = count
             device_of[host] = block
         for s in seq_ids:
             host_blocks, num_tokens = self._host_tables.pop(s)
             row = self._take_row(s)
             self.block_tables[row, : len(host_blocks)] = [device_of[h] for h in host_blocks]
-            self.num_table_blocks[row] = len(host_blocks)
-            self.num_tokens[row] = num_tokens
-            self._release(self.host_refcount, self._host_free, np.asarray(host_blocks, dtype=np.int64))
+            self._row_blocks[row] = len(host_blocks)
+            self._row_tokens[row] = num_tokens
+            self._release(self._host_refs, self._host_free, host_blocks)
         return list(device_of.items())
 
     # ------------------------------------------------------------------ accounting
@@ -513,27 +539,47 @@ class BlockManager:
         self._row_of[seq_id] = row
         return row
 
+    def _make_rows(self, rows: int) -> None:
+        """Zeroed block tables and row counters for `rows` rows (buffers and their numpy views)."""
+        self._tables, self.block_tables = _int32_cells((rows, self.max_blocks_per_seq))  # [rows, M]
+        self._row_blocks, self.num_table_blocks = _int32_cells((rows,))  # [rows] logical blocks in use per row
+        self._row_tokens, self.num_tokens = _int32_cells((rows,))  # [rows] tokens that have a slot per row
+
     def _grow_rows(self) -> None:
-        old = len(self.num_tokens)
-        self.block_tables = np.concatenate([self.block_tables, np.zeros_like(self.block_tables)])
-        self.num_table_blocks = np.concatenate([self.num_table_blocks, np.zeros(old, dtype=np.int32)])
-        self.num_tokens = np.concatenate([self.num_tokens, np.zeros(old, dtype=np.int32)])
+        """Doubles the rows, keeping the live ones (new buffers: views of the old stay valid)."""
+        old = len(self._row_tokens)
+        tables, row_blocks, row_tokens = self._tables, self._row_blocks, self._row_tokens
+        self._make_rows(2 * old)
+        self._tables[: len(tables)] = tables
+        self._row_blocks[:old] = row_blocks
+        self._row_tokens[:old] = row_tokens
         self._free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+    def _row_table(self, row: int) -> list[int]:
+        """The blocks of a row's table, in logical order."""
+        base = row * self.max_blocks_per_seq
+        return self._tables[base: base + self._row_blocks[row]].tolist()
 
     def _clear_row(self, row: int) -> None:
         self._cache_paths.pop(row, None)
-        self.block_tables[row, : self.num_table_blocks[row]] = 0
-        self.num_table_blocks[row] = 0
-        self.num_tokens[row] = 0
+        n = self._row_blocks[row]
+        if n:  # (an empty slice assignment would raise: the buffer is exported)
+            base = row * self.max_blocks_per_seq
+            self._tables[base: base + n] = array.array("i", bytes(4 * n))
+        self._row_blocks[row] = 0
+        self._row_tokens[row] = 0
         self._free_rows.append(row)
 
-    def _release(self, refcount: np.ndarray, free_list: list[int], blocks: np.ndarray) -> None:
+    def _release(self, refs: array.array, free_list: list[int], blocks: list[int]) -> None:
         """Decrements each block once (blocks must be distinct) and frees those that reach 0.
 
         A device block held by the prefix cache stays cached (evictable) instead of going free.
         """
-        refcount[blocks] -= 1
-        unreferenced = blocks[refcount[blocks] == 0].tolist()
+        unreferenced = []
+        for block in blocks:
+            refs[block] -= 1
+            if not refs[block]:
+                unreferenced.append(block)
         cache = self.prefix_cache
         if cache is None or free_list is self._host_free:
             free_list.extend(unreferenced)

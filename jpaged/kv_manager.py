@@ -65,6 +65,10 @@ class KVCacheManager(Protocol):
     def is_swapped(self, seq_id: int) -> bool:
         """True when `seq_id` holds host blocks."""
 
+    def num_slots(self, seq_id: int) -> int:
+        """Tokens of `seq_id` that have a slot in its device row (0 when it holds none): the
+        scheduler's count of its computed tokens, this step's scheduled ones included."""
+
     def row_of(self, seq_id: int) -> int:
         """The block-table row of a resident sequence."""
 

@@ -1,7 +1,8 @@
 """Iteration-level scheduling by token budget: the paper's vLLM and chunked prefill as two settings.
 
 Every step has a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`).
-Each sequence counts `num_computed_tokens`; a step gives each scheduled sequence some new tokens,
+A sequence's computed tokens are the slots its block-table row holds (`KVCacheManager.num_slots`:
+taking slots is scheduling tokens); a step gives each scheduled sequence some new tokens,
 always the last ones of its context (a prompt chunk, or the one token sampled last), so one
 StepPlan describes any mix. Three passes fill a step:
 
@@ -216,8 +217,6 @@ class Scheduler:
             if appended is not None:
                 break
             num_preempted += self._preempt_latest()
-        for seq in seqs:
-            seq.num_computed_tokens += 1
         if not chunks and not self._num_multi_running:
             builder.add_decodes(batch, *appended)
             budget[0] -= len(seqs)
@@ -228,8 +227,6 @@ class Scheduler:
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
             return num_preempted
-        for seq, count in chunks:
-            seq.num_computed_tokens += count
         builder.add(seqs + [s for s, _ in chunks], all_rows, counts, slots, copies)
         budget[0] -= len(slots)
         self._after_chunks([s for s, _ in chunks])
@@ -248,7 +245,7 @@ class Scheduler:
             seqs = group.live_seqs()
             aligned = len(seqs) > 1
             if aligned:
-                todo = [s.num_uncomputed_tokens if self._resident(s) else len(s) - self._joining[s.seq_id][1]
+                todo = [self._uncomputed(s) if self._resident(s) else len(s) - self._joining[s.seq_id][1]
                         for s in seqs]
                 whole = (all(self._resident(s) or self._can_attach(s) for s in seqs)
                          and sum(todo) <= room and max(todo) <= self.chunk_limit)
@@ -257,7 +254,7 @@ class Scheduler:
                     if not self._can_attach(seq):
                         continue
                     self._attach(seq)
-                todo = seq.num_uncomputed_tokens - (1 if aligned and not whole else 0)
+                todo = self._uncomputed(seq) - (1 if aligned and not whole else 0)
                 count = min(todo, room, self.chunk_limit)
                 if count > 0:
                     chunks.append((seq, count))
@@ -269,7 +266,7 @@ class Scheduler:
         blocks the chunks write join the prefix cache (later admissions may share them at once)."""
         for group in {id(s.group): s.group for s in seqs}.values():
             live = group.live_seqs()
-            if all(self._resident(s) and s.num_uncomputed_tokens == 0 for s in live):
+            if all(self._resident(s) and self._uncomputed(s) == 0 for s in live):
                 self._partial.remove(group)
                 self._batch = None
             if self.prefix_caching:
@@ -315,7 +312,6 @@ class Scheduler:
         for seq in group.live_seqs():
             self._release(seq)
             seq.status = SequenceStatus.WAITING
-            seq.num_computed_tokens = 0
         # Back to the front: FCFS by arrival, ahead of every request that arrived later.
         self.waiting.appendleft(group)
 
@@ -345,15 +341,13 @@ class Scheduler:
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             self._join_running(group)
-            if any(s.num_uncomputed_tokens != 1 for s in seqs):  # swapped mid-prompt: chunks resume next step
+            if any(self._uncomputed(s) != 1 for s in seqs):  # swapped mid-prompt: chunks resume next step
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
                 continue
             rows = bm.rows_of(ids)
             slots, copies = bm.append_slots(rows)  # room was checked by can_swap_in
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
-            for seq in seqs:
-                seq.num_computed_tokens += 1
 
     def _admit(self, builder: PlanBuilder, budget: list[int], admitted: list[SequenceGroup]) -> None:
         """Pass 3: admits waiting groups, FCFS, while the budgets and blocks allow.
@@ -380,8 +374,9 @@ class Scheduler:
             hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
-            shares = [self._share(f) for f in followers]
-            unique_blocks = sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+            shares = [self._share(f) for f in followers] if followers else []
+            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+                             if followers else 0)
             leader_blocks = bm.blocks_for(len(leader.token_ids))
             need = leader_blocks + unique_blocks
             if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
@@ -398,7 +393,7 @@ class Scheduler:
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
                 count = len(leader.token_ids) - cached
-                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares))
+                extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
@@ -417,20 +412,21 @@ class Scheduler:
             self._kv_events += 1
             bm.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
             self.num_cached_tokens += cached
-            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs)
+            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs) if followers else len(leader.token_ids)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
+            if followers:
+                self._joining.update((f.seq_id, share) for f, share in zip(followers, shares))
             self._join_running(group)
             admitted.append(group)
-            leader.num_computed_tokens = cached
             if count:
                 self._schedule_chunk(builder, budget, leader, count)
             if not self.chunked:
                 for follower in followers:  # the blocks they share are written this step: join now
                     self._attach(follower)
-                    self._schedule_chunk(builder, budget, follower, follower.num_uncomputed_tokens)
-            if any(not self._resident(s) or s.num_uncomputed_tokens for s in seqs):
+                    self._schedule_chunk(builder, budget, follower, self._uncomputed(follower))
+            # (Whole-prompt admission schedules every sequence to its end: never partial.)
+            if self.chunked and any(not self._resident(s) or self._uncomputed(s) for s in seqs):
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
             if self.prefix_caching:
                 for seq in seqs:
@@ -443,7 +439,6 @@ class Scheduler:
         counts = np.array([count], dtype=np.int64)
         slots, copies = self.block_manager.append_slots(rows, counts)
         builder.add([seq], rows, counts, slots, copies)
-        seq.num_computed_tokens += count
         budget[0] -= count
 
     def _may_admit(self) -> bool:
@@ -462,6 +457,11 @@ class Scheduler:
 
     def _resident(self, seq: Sequence) -> bool:
         return self.block_manager.has_seq(seq.seq_id)
+
+    def _uncomputed(self, seq: Sequence) -> int:
+        """Tokens of a sequence still to run through the model: a prompt (or its rest), or the
+        last sampled token. (Its computed ones are the slots its row holds.)"""
+        return len(seq.token_ids) - self.block_manager.num_slots(seq.seq_id)
 
     def _share(self, seq: Sequence) -> tuple[Sequence | None, int, int]:
         """(earlier sequence of the group, shared tokens, shared blocks) of the longest common prefix of
@@ -488,7 +488,7 @@ class Scheduler:
         source, tokens, _ = self._joining[seq.seq_id]
         if source is not None and source.status.is_finished:  # its source left the group: share anew
             self._joining[seq.seq_id] = source, tokens, _ = self._share(seq)
-        return source is None or (self._resident(source) and source.num_computed_tokens >= tokens)
+        return source is None or self.block_manager.num_slots(source.seq_id) >= tokens
 
     def _attach(self, seq: Sequence) -> None:
         """Gives a joining sequence of a recomputed group its row, forking its shared prefix."""
@@ -498,7 +498,6 @@ class Scheduler:
             self.block_manager.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq))
         else:
             self.block_manager.fork(source.seq_id, seq.seq_id, blocks)
-        seq.num_computed_tokens = tokens
 
     def _running_batch(self) -> DecodeBatch:
         """Decoding sequences of the running groups (partial ones excluded), FCFS, and their

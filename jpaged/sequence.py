@@ -2,8 +2,9 @@
 
 A request becomes a SequenceGroup: one Sequence at admission, n after parallel sampling forks,
 up to `n` live beams under beam search. Sequences of a group are scheduled and preempted
-together (gang scheduling). Each sequence counts `num_computed_tokens`, the tokens whose K/V is
-in the cache: a step computes some of the rest (a prompt chunk, or the one token sampled last).
+together (gang scheduling). The tokens of a sequence whose K/V is in the cache are the slots its
+block-table row holds (the KV manager counts them): a step computes some of the rest (a prompt
+chunk, or the one token sampled last).
 Pure Python: no jax import.
 """
 
@@ -13,6 +14,8 @@ import dataclasses
 import enum
 import zlib
 from typing import Literal
+
+import numpy as np
 
 from jpaged.validation import (FLOAT32_MAX, INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float,
                                check_int, check_token_ids, show)
@@ -114,15 +117,17 @@ class SamplingParams:
 class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
-    __slots__ = ("seq_id", "index", "prompt_len", "token_ids", "num_computed_tokens", "cumulative_logprob",
+    __slots__ = ("seq_id", "index", "prompt_len", "prompt_array", "token_ids", "cumulative_logprob",
                  "status", "block_keys", "group", "num_reported", "logprobs")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
         self.seq_id = seq_id
         self.index = index  # which sample of its request (seeds its random stream; output order)
         self.prompt_len = len(prompt_token_ids)
+        # i32[prompt_len] the prompt as an array, made once on arrival (as vLLM v1's input batch
+        # keeps token ids in numpy): a prefill's token-id rows are slices of it, not list copies.
+        self.prompt_array = np.array(prompt_token_ids, dtype=np.int32)
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt then outputs (one list object for life)
-        self.num_computed_tokens = 0  # tokens whose K/V is in the cache (or scheduled into it this step)
         self.cumulative_logprob = 0.0
         self.status = SequenceStatus.WAITING
         # Prefix-cache keys of the full blocks so far (extended lazily; tokens only ever append).
@@ -145,17 +150,11 @@ class Sequence:
         """How many tokens were generated."""
         return len(self.token_ids) - self.prompt_len
 
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        """Tokens still to run through the model: a prompt (or its rest), or the last sampled token."""
-        return len(self.token_ids) - self.num_computed_tokens
-
     def fork(self, seq_id: int, index: int) -> Sequence:
         """A copy under a new id sharing this sequence's history (its blocks are shared by the block manager)."""
         child = Sequence(seq_id, [], index)
-        child.prompt_len = self.prompt_len
+        child.prompt_len, child.prompt_array = self.prompt_len, self.prompt_array
         child.token_ids = list(self.token_ids)
-        child.num_computed_tokens = self.num_computed_tokens
         child.cumulative_logprob = self.cumulative_logprob
         child.status = self.status
         child.block_keys = list(self.block_keys)

@@ -243,7 +243,7 @@ class PlanBuilder:
             plan = self._decode_plan(seqs, rows, slots)
         else:
             plan = self._mixed_plan(segments)
-        plan.sampling = _sample_rows(segments, all_single)
+        plan.sampling = _sample_rows(self.kv, segments, all_single)
         plan.num_prefill_tokens = plan.num_tokens - sum(len(seg[0]) for seg in segments if seg[2] is None)
         return plan
 
@@ -280,11 +280,12 @@ class PlanBuilder:
         """Any mix: sequence i computes the last q_i positions of its context (q_i = 1 in a decode
         segment). The running batch's decodes, when they lead, come as their cursor's arrays; the
         other rows (admissions, chunks: a few sequences) are built as Python lists that become
-        arrays in one call each."""
+        arrays in one call each, their prompt tokens as slices of `Sequence.prompt_array`."""
         kv = self.kv
         every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
         seqs: list[Sequence] = []
-        tokens: list[int] = []
+        token_parts: list[np.ndarray] = []  # the rows' token ids in order: prompt slices, runs of singles
+        singles: list[int] = []  # a run of one-token rows' ids not yet in token_parts
         position_parts: list[np.ndarray] = []  # views of every_position (or the cursor's positions)
         ends: list[int] = []  # context of each sequence after this step's writes
         query_lens: list[int] = []
@@ -292,7 +293,7 @@ class PlanBuilder:
         if self._decodes is not None:  # the step's first segment
             batch, state, _ = self._decodes
             n = len(batch.seqs)
-            tokens = [ids[-1] for ids in batch.token_lists]
+            singles = [ids[-1] for ids in batch.token_lists]
             position_parts.append(state[0, :n])
             ends = state[2, :n].tolist()
             query_lens = [1] * n
@@ -303,22 +304,28 @@ class PlanBuilder:
             seg_counts = [1] * len(seg_seqs) if counts is None else counts.tolist()
             for seq, count, end in zip(seg_seqs, seg_counts, seg_ends):
                 if count == 1:  # a decode (or a one-token chunk)
-                    tokens.append(seq.token_ids[end - 1])
+                    singles.append(seq.token_ids[end - 1])
                 else:
-                    tokens += seq.token_ids[end - count: end]
+                    if singles:
+                        token_parts.append(np.array(singles, np.int32))
+                        singles = []
+                    token_parts.append(seq.prompt_array[end - count: end] if end <= seq.prompt_len
+                                       else np.array(seq.token_ids[end - count: end], np.int32))
                 position_parts.append(every_position[end - count: end])
             seqs += seg_seqs
             ends += seg_ends
             query_lens += seg_counts
-        n, total, longest_query = len(seqs), len(tokens), max(query_lens)
+        if singles:
+            token_parts.append(np.array(singles, np.int32))
+        query_start_loc = list(itertools.accumulate(query_lens, initial=0))
+        n, total, longest_query = len(seqs), query_start_loc[-1], max(query_lens)
         size_s = bucket(n)
         # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
         token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
                                                       np.int32)
-        token_ids[:total] = np.fromiter(tokens, np.int32, total)
+        np.concatenate(token_parts, out=token_ids[:total])
         np.concatenate(position_parts, out=positions[:total])
         np.concatenate([seg[3] for seg in segments], out=slot_mapping[:total])
-        query_start_loc = list(itertools.accumulate(query_lens, initial=0))
         padding = [0] * (size_s - n)
         context_lens, logits_indices = np.array([ends + padding, [q - 1 for q in query_start_loc[1:]] + padding],
                                                 np.int32)
@@ -337,11 +344,12 @@ def _arange(n: int) -> np.ndarray:
     return values
 
 
-def _sample_rows(segments, all_single: bool) -> SampleRows | None:
+def _sample_rows(kv: KVCacheManager, segments, all_single: bool) -> SampleRows | None:
     """Rows to sample: every sequence that computed its last token (see SampleRows).
 
     Decode segments (counts None) sample every sequence; chunk segments only the sequences whose
-    chunk reaches their end. With `all_single` no row forks or searches beams (the fast path).
+    chunk reaches their end (their slots, `kv.num_tokens`, cover all their tokens). With
+    `all_single` no row forks or searches beams (the fast path).
     """
     if all_single and len(segments) == 1 and segments[0][2] is None:  # the steady state: all decode
         n = len(segments[0][0])
@@ -353,14 +361,15 @@ def _sample_rows(segments, all_single: bool) -> SampleRows | None:
     num_top = 0
     plain = True
     offset = 0
-    for seg_seqs, _, counts, _ in segments:
+    for seg_seqs, seg_rows, counts, _ in segments:
         if counts is None and all_single:
             seqs += seg_seqs
             logits_rows += range(offset, offset + len(seg_seqs))
             offset += len(seg_seqs)
             continue
-        for row, seq in enumerate(seg_seqs, start=offset):
-            if seq.num_computed_tokens != len(seq):
+        ends = kv.num_tokens.take(seg_rows).tolist()
+        for row, seq, end in zip(itertools.count(offset), seg_seqs, ends):
+            if end != len(seq.token_ids):
                 continue  # a prompt chunk that does not reach its end: nothing to sample yet
             group = seq.group
             if group.first_token_time is None:

@@ -91,6 +91,11 @@ class ContiguousBlockManager:
         """Always False: the contiguous baselines have no swap space."""
         return False
 
+    def num_slots(self, seq_id: int) -> int:
+        """Tokens of `seq_id` that have a slot in its device row (0 when it holds none)."""
+        row = self._row_of.get(seq_id)
+        return 0 if row is None else int(self.num_tokens[row])
+
     def row_of(self, seq_id: int) -> int:
         """The block-table row of a resident sequence."""
         try:
