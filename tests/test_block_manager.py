@@ -30,6 +30,30 @@ def test_allocate_append_free_exact_counts():
     assert bm.refcount.sum() == 0
 
 
+def test_num_slots_counts_each_sequence_s_scheduled_tokens():
+    """num_slots is the scheduler's count of a sequence's computed tokens: the slots its row holds,
+    through appends, partial forks, swaps and frees (0 whenever it holds no device row)."""
+    bm = make()
+    assert bm.num_slots(1) == 0  # unknown
+    row = bm.admit(1)
+    assert bm.num_slots(1) == 0
+    bm.append_slots(np.array([row]), np.array([7]))
+    assert bm.num_slots(1) == 7  # (two blocks, one slot still free)
+    bm.append_slots(np.array([row]))
+    assert bm.num_slots(1) == 8
+    bm.fork(1, 2)
+    bm.fork(1, 3, num_blocks=1)  # a recomputed sibling sharing one full block
+    assert (bm.num_slots(2), bm.num_slots(3)) == (8, 4)
+    bm.swap_out([2])
+    assert bm.num_slots(2) == 0 and bm.is_swapped(2)
+    bm.swap_in([2])
+    assert bm.num_slots(2) == 8
+    for seq_id in (1, 2, 3):
+        bm.free(seq_id)
+        assert bm.num_slots(seq_id) == 0
+    assert bm.num_free_blocks == 10 and not bm.refcount.any()
+
+
 def test_fork_shares_and_copy_on_write():
     bm = make()
     bm.allocate(1, 6)  # 2 blocks, last one half full
