@@ -64,19 +64,19 @@ def _cpu_id() -> str:
         return platform.machine()
 
 
-def _library_path(compiler: str) -> Path:
-    """Where the library built from SOURCE with `compiler` and FLAGS for this CPU and jax lives."""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, *FLAGS, jax.__version__, _cpu_id()]).encode())
+def _library_path(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
+    """Where the library built from `source` with `compiler` and `flags` for this CPU and jax lives."""
+    key = hashlib.sha256("\0".join([source.read_text(), compiler, *flags, jax.__version__, _cpu_id()]).encode())
     cache = Path(os.environ.get("JPAGED_CACHE_DIR", Path.home() / ".cache" / "jpaged"))
-    return cache / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
+    return cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, out: Path) -> None:
-    """Compile SOURCE into `out` (atomically: concurrent processes never load a half-written file)."""
+def _build(compiler: str, source: Path, flags: tuple[str, ...], out: Path) -> None:
+    """Compile `source` into `out` (atomically: concurrent processes never load a half-written file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         partial = Path(tmp) / out.name
-        cmd = [compiler, *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", str(partial)]
+        cmd = [compiler, *flags, "-I", jax.ffi.include_dir(), str(source), "-o", str(partial)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -84,21 +84,22 @@ def _build(compiler: str, out: Path) -> None:
 
 
 @functools.cache
-def _load() -> str | None:
-    """Builds (if needed), loads and registers the custom call; None, or why it is not available."""
+def load_ffi(source: Path, symbol: str, target: str, flags: tuple[str, ...] = FLAGS) -> str | None:
+    """Builds `source` (if not cached), loads it and registers its handler `symbol` as the CPU custom
+    call `target`; None, or why it is not available. Shared by every native CPU kernel."""
     if os.environ.get("JPAGED_NATIVE_CPU", "1") == "0":
         return "JPAGED_NATIVE_CPU=0"
     compiler = _compiler()
     if compiler is None:
         return "no C++ compiler found (set CXX)"
-    path = _library_path(compiler)
+    path = _library_path(compiler, source, flags)
     try:
         if not path.is_file():
-            _build(compiler, path)
+            _build(compiler, source, flags, path)
         library = ctypes.CDLL(str(path))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.PagedAttentionCpu), platform="cpu")
-    except (OSError, RuntimeError) as error:
-        logger.warning("native CPU attention unavailable, using the XLA path: %s", error)
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    except (OSError, RuntimeError, AttributeError) as error:
+        logger.warning("native CPU kernel %s unavailable, using the XLA path: %s", source.name, error)
         return str(error)
     return None
 
@@ -112,7 +113,7 @@ def unavailable_reason() -> str | None:
     """None when `available()`, else why not."""
     if jax.default_backend() != "cpu":
         return f"JAX runs on {jax.default_backend()}, not cpu"
-    return _load()
+    return load_ffi(SOURCE, "PagedAttentionCpu", TARGET)
 
 
 def _attend(q, k_pages, v_pages, block_tables, row_seq, row_keys, layer, scale: float) -> jax.Array:

@@ -27,6 +27,7 @@ from flax import nnx
 from jpaged.models import layers
 from jpaged.models.layers import Attend
 from jpaged.models.presets import OPT_POSITION_OFFSET, ModelSpec
+from pallas_kernels import native_dense_cpu
 
 Params = dict[str, Any]  # the pure-dict Flax state of a CausalLM
 
@@ -86,12 +87,18 @@ class CausalLM(nnx.Module):
 
         return scan_blocks((h, cache), self.layers, jnp.arange(self.spec.num_layers, dtype=jnp.int32))
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """Final norm and LM head: h [..., H] -> float32 logits [..., V]."""
+    def logits(self, h: jax.Array, packed_head: jax.Array | None = None) -> jax.Array:
+        """Final norm and LM head: h [..., H] -> float32 logits [..., V].
+
+        `packed_head`: the tied head's panels (`jpaged.models.packed`), multiplied by the native
+        CPU kernel instead of XLA's dot over the embedding; same semantics.
+        """
         with jax.named_scope("lm_head"):
             h = self.final_norm(h)
             if not self.spec.tie_word_embeddings:
                 return self.lm_head(h)  # float32 out (layers.linear)
+            if packed_head is not None:
+                return native_dense_cpu.matmul(h, packed_head, out_features=self.spec.vocab_size)
             # Tied: h [..., H] . embedding [V, H]^T in the weights' dtype, accumulated in float32
             # (`nnx.Embed.attend` would promote the embedding to h's float32 every step).
             table = self.embed.embedding[...]

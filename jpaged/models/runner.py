@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jpaged import parallel
-from jpaged.models import decoder, layers
+from jpaged.models import decoder, layers, packed
 from jpaged.models.kv_pool import KVPool
 from jpaged.models.presets import ModelSpec
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
@@ -71,7 +71,7 @@ class ModelRunner:
 
     def __init__(self, spec: ModelSpec, params: decoder.Params | nnx.State | nnx.Module, *, block_size: int,
                  attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None,
-                 per_layer_weights: bool | None = None):
+                 per_layer_weights: bool | None = None, native_dense: bool | None = None):
         """`params`: the model's state (pure dict or `nnx.State`) or the `CausalLM` itself.
 
         `interpret` runs Pallas kernels in interpret mode (default: off GPU only). With a `mesh`
@@ -79,7 +79,9 @@ class ModelRunner:
         attention runs per head shard and logits come back replicated. `per_layer_weights` keeps
         one buffer per layer and weight and unrolls the layers in the step (`decoder.unstack_layers`:
         XLA:CPU copies every weight a scan slices); None: on CPU without a mesh. The runner then
-        holds that copy of the layer weights, not the stacked tree it was given.
+        holds that copy of the layer weights, not the stacked tree it was given. `native_dense`
+        packs that copy's dense weights once for the native CPU matrix multiply (`packed`); None:
+        on with per-layer weights and the `cpu_native` backend where the kernel builds.
         """
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -96,6 +98,15 @@ class ModelRunner:
         self.per_layer_weights = per_layer_weights
         # params["layers"]: stacked leaves [L, ...], or (per layer) a list of L trees.
         self.params = {**params, "layers": decoder.unstack_layers(params)} if per_layer_weights else params
+        if native_dense is None:
+            native_dense = per_layer_weights and self.backend == "cpu_native" and packed.native_dense_reason(params) is None
+        if native_dense and not per_layer_weights:
+            raise ValueError("native_dense: packs the per-layer weights; needs per_layer_weights (CPU, no mesh)")
+        if native_dense and (reason := packed.native_dense_reason(params)) is not None:
+            raise ValueError(f"native_dense: unavailable here ({reason})")
+        self.native_dense = native_dense
+        if native_dense:
+            self.params = packed.pack_dense(spec, self.params)
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
         interpret = jax.default_backend() != "gpu" if interpret is None else interpret
@@ -165,9 +176,10 @@ class ModelRunner:
                                                    query_start_loc, i)
             return out, (k_pool, v_pool)
 
+        params, packed_head = packed.split_head(params)
         model, blocks = decoder.merge_unstacked(spec, params) if self.per_layer_weights else (
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
         # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
-        return model.logits(h[logits_indices]), kv_pool
+        return model.logits(h[logits_indices], packed_head), kv_pool

@@ -1,0 +1,242 @@
+// Small-M matrix multiply for XLA:CPU over weights packed once into 16-column panels, an XLA FFI
+// custom call (pallas_kernels/native_dense_cpu.py packs the weights, builds, loads and calls it;
+// `jnp.dot` in float32 is its oracle).
+//
+// Why native: a decode step multiplies 8-64 activation rows by every weight matrix of the model, so
+// it is bound by reading the weights. XLA:CPU's dots at these sizes run 1.5-3x below the oneDNN
+// matmul on prepacked weights that vLLM's CPU build uses (docs/ARCHITECTURE.md, "CPU path"). Here
+// each 16-column panel of W is one contiguous stream (read once per call from memory, then from
+// cache for the other row tiles), and a register tile of kRows x kPanels accumulators does
+// kRows * kPanels multiply-adds per kPanels vector loads.
+//
+// Shapes: out f32[M, N] = x [M, K] . W [K, N] (+ bias f32[N]; f32[0]: no bias).
+//   float32:  x f32[M, K],  w f32[P, K, 16]       w[p, k, j]    = W[k, 16p + j]
+//   bfloat16: x u16[M, Kp], w u16[P, Kp/2, 16, 2] w[p, i, j, t] = W[2i + t, 16p + j]  (bf16 bits)
+// P = ceil(N / 16); columns past N and (bf16) the row of zeros that pads an odd K to Kp are zeros.
+// The bf16 pairs along K are the operand layout of AVX-512 BF16's dot product (vdpbf16ps: lane j
+// += a[2j] * b[2j] + a[2j+1] * b[2j+1], float32 accumulation); without that instruction (or with
+// the `dpbf16` attribute false) the pairs are widened to float32 in registers, exactly.
+// Work items (groups of kPanels panels, all rows) are spread over XLA's intra-op thread pool.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kLanes = 16;  // columns per panel: one 512-bit vector of float32
+constexpr int kRows = 8;    // rows per register tile
+constexpr int kPanels = 3;  // panels per register tile: 8 x 3 = 24 accumulators of 32 vector registers
+
+// GCC/Clang vector types: 16 float32 (or uint32) lanes, compiled to whatever vectors the CPU has.
+typedef float F32x16 __attribute__((vector_size(64)));
+typedef float F32x16Unaligned __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t U32x16Unaligned __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+
+inline float Bf16ToF32(uint16_t bits) {
+  uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &word, 4);
+  return out;
+}
+
+struct Gemm {
+  const void* x;
+  const void* w;
+  const float* bias;  // nullptr: no bias
+  float* out;
+  int64_t m, k, n, panels;  // k: x's row length (bf16: Kp, even)
+};
+
+// acc (+ bias) into out's rows [row, row + R), panels [panel, panel + P); columns past N dropped.
+template <int R, int P>
+inline void Store(const Gemm& g, F32x16 (&acc)[R][P], int64_t row, int64_t panel) {
+  for (int p = 0; p < P; ++p) {
+    const int64_t col = (panel + p) * kLanes;
+    const int64_t width = std::min<int64_t>(kLanes, g.n - col);
+    F32x16 bias = {};
+    if (g.bias != nullptr) std::memcpy(&bias, g.bias + col, width * sizeof(float));
+    for (int r = 0; r < R; ++r) {
+      const F32x16 value = g.bias != nullptr ? acc[r][p] + bias : acc[r][p];
+      std::memcpy(g.out + (row + r) * g.n + col, &value, width * sizeof(float));
+    }
+  }
+}
+
+// One R x (P * 16) tile of float32 out over all of K: x rows [row, row + R), panels [panel, + P).
+template <int R, int P>
+void TileF32(const Gemm& g, int64_t row, int64_t panel) {
+  F32x16 acc[R][P] = {};
+  const float* x = static_cast<const float*>(g.x) + row * g.k;
+  const float* w = static_cast<const float*>(g.w) + panel * g.k * kLanes;
+  for (int64_t i = 0; i < g.k; ++i) {
+    F32x16 wv[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) wv[p] = *reinterpret_cast<const F32x16Unaligned*>(w + (p * g.k + i) * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[r * g.k + i];
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[r][p] += wv[p] * xv;
+    }
+  }
+  Store<R, P>(g, acc, row, panel);
+}
+
+// The same tile from bf16 x and pair-packed bf16 W. kDot: vdpbf16ps; else widen each pair to two
+// float32 vectors (even K rows are the low halves of the 32-bit lanes, odd rows the high halves).
+template <int R, int P, bool kDot>
+void TileBf16(const Gemm& g, int64_t row, int64_t panel) {
+  F32x16 acc[R][P] = {};
+  const int64_t pairs = g.k / 2;
+  const uint16_t* x = static_cast<const uint16_t*>(g.x) + row * g.k;
+  const uint16_t* w = static_cast<const uint16_t*>(g.w) + panel * pairs * 2 * kLanes;
+  for (int64_t i = 0; i < pairs; ++i) {
+    U32x16 wv[P];
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) wv[p] = *reinterpret_cast<const U32x16Unaligned*>(w + (p * pairs + i) * 2 * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* xr = x + r * g.k + 2 * i;
+      if constexpr (kDot) {
+#if defined(__AVX512BF16__)
+        uint32_t pair;
+        std::memcpy(&pair, xr, 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) acc[r][p] = (F32x16)_mm512_dpbf16_ps((__m512)acc[r][p], (__m512bh)wv[p], xv);
+#endif
+      } else {
+        const float x0 = Bf16ToF32(xr[0]), x1 = Bf16ToF32(xr[1]);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          acc[r][p] += (F32x16)(wv[p] << 16) * x0;
+          acc[r][p] += (F32x16)(wv[p] & 0xFFFF0000u) * x1;
+        }
+      }
+    }
+  }
+  Store<R, P>(g, acc, row, panel);
+}
+
+enum class Kind { kF32, kBf16Dot, kBf16Widen };
+
+template <Kind kKind, int R, int P>
+void Tile(const Gemm& g, int64_t row, int64_t panel) {
+  if constexpr (kKind == Kind::kF32) {
+    TileF32<R, P>(g, row, panel);
+  } else {
+    TileBf16<R, P, kKind == Kind::kBf16Dot>(g, row, panel);
+  }
+}
+
+// All rows of panels [panel, panel + P): full kRows tiles, then one tile of the leftover rows.
+// The group's panels (K x P x 16 values) stay in cache while the row tiles pass over them.
+template <Kind kKind, int P>
+void Group(const Gemm& g, int64_t panel) {
+  int64_t row = 0;
+  for (; row + kRows <= g.m; row += kRows) Tile<kKind, kRows, P>(g, row, panel);
+  switch (g.m - row) {
+    case 0: return;
+    case 1: return Tile<kKind, 1, P>(g, row, panel);
+    case 2: return Tile<kKind, 2, P>(g, row, panel);
+    case 3: return Tile<kKind, 3, P>(g, row, panel);
+    case 4: return Tile<kKind, 4, P>(g, row, panel);
+    case 5: return Tile<kKind, 5, P>(g, row, panel);
+    case 6: return Tile<kKind, 6, P>(g, row, panel);
+    default: return Tile<kKind, 7, P>(g, row, panel);
+  }
+}
+
+template <Kind kKind>
+void RunGroup(const Gemm& g, int64_t group) {
+  const int64_t panel = group * kPanels;
+  switch (std::min<int64_t>(kPanels, g.panels - panel)) {
+    case 3: return Group<kKind, 3>(g, panel);
+    case 2: return Group<kKind, 2>(g, panel);
+    default: return Group<kKind, 1>(g, panel);
+  }
+}
+
+// Claims panel groups from a shared counter until none is left. Held by shared_ptr: a pool task
+// that starts after the call has returned finds no group left and touches nothing else.
+struct Work {
+  Gemm gemm;
+  Kind kind;
+  int64_t total;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Run() {
+    for (int64_t group = next.fetch_add(1); group < total; group = next.fetch_add(1)) {
+      if (kind == Kind::kF32) {
+        RunGroup<Kind::kF32>(gemm, group);
+      } else if (kind == Kind::kBf16Dot) {
+        RunGroup<Kind::kBf16Dot>(gemm, group);
+      } else {
+        RunGroup<Kind::kBf16Widen>(gemm, group);
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> bias,
+                     ffi::ResultBuffer<ffi::F32> out, bool dpbf16) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out->dimensions();
+  const bool bf16 = w.element_type() == ffi::DataType::U16;
+  if (xd.size() != 2 || od.size() != 2 || od[0] != xd[0] || wd.size() != (bf16 ? 4u : 3u) ||
+      wd[0] != (od[1] + kLanes - 1) / kLanes || wd[2] != kLanes) {
+    return ffi::Error::InvalidArgument("dense_cpu: expected x [M, K], w [ceil(N/16), K, 16] (f32) or "
+                                       "[ceil(N/16), K/2, 16, 2] (u16), out [M, N]");
+  }
+  if (x.element_type() != w.element_type() || (!bf16 && w.element_type() != ffi::DataType::F32) ||
+      (bf16 ? (wd[3] != 2 || 2 * wd[1] != xd[1]) : wd[1] != xd[1])) {
+    return ffi::Error::InvalidArgument("dense_cpu: x and w must both be f32, or both u16 (bf16 bits) with "
+                                       "K even, and agree on K");
+  }
+  if (bias.element_count() != 0 && bias.element_count() != od[1]) {
+    return ffi::Error::InvalidArgument("dense_cpu: bias must be [N] or [0] (none)");
+  }
+  auto work = std::make_shared<Work>();
+  work->gemm = Gemm{x.untyped_data(), w.untyped_data(), bias.element_count() ? bias.typed_data() : nullptr,
+                    out->typed_data(), xd[0], xd[1], od[1], wd[0]};
+#if defined(__AVX512BF16__)
+  work->kind = !bf16 ? Kind::kF32 : (dpbf16 ? Kind::kBf16Dot : Kind::kBf16Widen);
+#else
+  work->kind = !bf16 ? Kind::kF32 : Kind::kBf16Widen;
+#endif
+  work->total = (wd[0] + kPanels - 1) / kPanels;
+  if (xd[0] == 0) return ffi::Error::Success();
+  // Helpers on the other pool threads; this thread works too, then waits for groups others claimed.
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->total) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Run(); });
+  work->Run();
+  while (work->done.load(std::memory_order_acquire) < work->total) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseCpu, DenseImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // x
+                                  .Arg<ffi::AnyBuffer>()         // w, packed
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // bias
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
+                                  .Attr<bool>("dpbf16"));
