@@ -26,6 +26,8 @@ from pallas_kernels import native_cpu
 SOURCE = Path(__file__).with_name("native") / "dense_cpu.cc"
 TARGET = "jpaged_dense_cpu"
 LANES = 16  # columns per panel
+BF16_K_MULTIPLE = 32  # bf16 panels pad K to a multiple of one AMX tile's 32 K values
+BF16_PATHS = {"auto": 0, "avx512_bf16": 1, "widen": 2}  # dense_cpu.cc's `bf16_path` attribute
 # The micro-kernel's `acc += w * x` must compile to fused multiply-adds (ISO C++ mode contracts none).
 FLAGS = native_cpu.FLAGS + ("-ffp-contract=fast",)
 PACKED_DTYPES = {jnp.dtype(jnp.float32): jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16)}
@@ -50,11 +52,12 @@ def is_packed(kernel: jax.Array) -> bool:
 
 @jax.jit
 def pack(kernel: jax.Array) -> jax.Array:
-    """W [K, N] -> its panels: float32 [P, K, 16], bfloat16 as uint16 bits [P, ceil(K/2), 16, 2].
+    """W [K, N] -> its panels: float32 [P, K, 16], bfloat16 as uint16 bits [P, Kp/2, 16, 2].
 
-    P = ceil(N / 16). Panel p holds columns 16p .. 16p + 15, K-major, so the kernel reads each as one
-    contiguous stream; bf16 panels pair consecutive K rows per column (vdpbf16ps' operand order).
-    Padding (columns past N, the row after an odd K) is zeros.
+    P = ceil(N / 16), Kp = K rounded up to a multiple of 32 (one AMX tile of K). Panel p holds
+    columns 16p .. 16p + 15, K-major, so the kernel reads each as one contiguous stream; bf16 panels
+    pair consecutive K rows per column (the bf16 dot instructions' operand order). Padding (columns
+    past N, rows past K) is zeros.
     """
     if kernel.ndim != 2 or kernel.dtype not in PACKED_DTYPES:
         raise ValueError(f"kernel: expected a float32 or bfloat16 [K, N] matrix, got {kernel.dtype}{list(kernel.shape)}")
@@ -63,26 +66,26 @@ def pack(kernel: jax.Array) -> jax.Array:
     w = jnp.pad(kernel, ((0, 0), (0, panels * LANES - n)))
     if kernel.dtype == jnp.float32:
         return w.reshape(k, panels, LANES).transpose(1, 0, 2)
-    w = jnp.pad(w, ((0, k % 2), (0, 0)))  # [Kp, P * 16], Kp even
+    w = jnp.pad(w, ((0, -k % BF16_K_MULTIPLE), (0, 0)))  # [Kp, P * 16]
     w = w.reshape(-1, 2, panels, LANES).transpose(2, 0, 3, 1)  # [P, Kp/2, 16, 2]
     return jax.lax.bitcast_convert_type(w, jnp.uint16)
 
 
 def packed_in_features(packed: jax.Array) -> int:
-    """K of a packed kernel (bf16: K rounded up to even)."""
+    """K of a packed kernel (bf16: K rounded up to a multiple of 32)."""
     return packed.shape[1] * (2 if packed.ndim == 4 else 1)
 
 
-@functools.partial(jax.jit, static_argnames=("out_features", "dpbf16"))
+@functools.partial(jax.jit, static_argnames=("out_features", "bf16_path"))
 def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, out_features: int,
-           dpbf16: bool = True) -> jax.Array:
+           bf16_path: str = "auto") -> jax.Array:
     """x [..., K] . W [K, N] (+ bias [N]) -> float32 [..., N], W given as `pack(W)`.
 
     The semantics of `layers.linear` (`nnx.Linear` with `preferred_element_type=float32`): x is
     rounded to the weights' dtype, products are accumulated in float32, the bias (in the weights'
     dtype) is added to the float32 sum. Only the summation order differs from XLA's dot.
-    `dpbf16=False` takes the path of CPUs without AVX-512 BF16 (widen in registers) on one that
-    has it, for the tests.
+    bf16 weights take AMX where the CPU has it, else AVX-512 BF16, else widen to float32 in
+    registers; `bf16_path` ("avx512_bf16", "widen") caps that, so the tests run every path here.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -94,14 +97,16 @@ def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, ou
         raise ValueError(f"out_features: {out_features} needs {-(-out_features // LANES)} panels, packed has "
                          f"{packed.shape[0]}")
     k, lead = x.shape[-1], x.shape[:-1]
-    if k + k % 2 * (packed.ndim == 4) != packed_in_features(packed):
+    if bf16_path not in BF16_PATHS:
+        raise ValueError(f"bf16_path: one of {list(BF16_PATHS)}, got {bf16_path!r}")
+    if (k if packed.ndim == 3 else k + -k % BF16_K_MULTIPLE) != packed_in_features(packed):
         raise ValueError(f"x: last axis {k} does not match the packed kernel's K {packed_in_features(packed)}")
     rows = x.reshape(-1, k)  # [M, K]
-    if packed.dtype == jnp.uint16:  # bf16 weights: x rounded to bf16, passed as bits, K padded to even
+    if packed.dtype == jnp.uint16:  # bf16 weights: x rounded to bf16, passed as bits, K padded like W
         rows = jnp.pad(rows.astype(jnp.bfloat16), ((0, 0), (0, packed_in_features(packed) - k)))
         rows = jax.lax.bitcast_convert_type(rows, jnp.uint16)
     else:
         rows = rows.astype(jnp.float32)
     bias = jnp.zeros((0,), jnp.float32) if bias is None else bias.astype(jnp.float32)  # [N], or [0]: none
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], out_features), jnp.float32))
-    return call(rows, packed, bias, dpbf16=dpbf16).reshape(*lead, out_features)
+    return call(rows, packed, bias, bf16_path=np.int32(BF16_PATHS[bf16_path])).reshape(*lead, out_features)

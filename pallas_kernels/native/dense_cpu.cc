@@ -12,11 +12,16 @@
 // Shapes: out f32[M, N] = x [M, K] . W [K, N] (+ bias f32[N]; f32[0]: no bias).
 //   float32:  x f32[M, K],  w f32[P, K, 16]       w[p, k, j]    = W[k, 16p + j]
 //   bfloat16: x u16[M, Kp], w u16[P, Kp/2, 16, 2] w[p, i, j, t] = W[2i + t, 16p + j]  (bf16 bits)
-// P = ceil(N / 16); columns past N and (bf16) the row of zeros that pads an odd K to Kp are zeros.
-// The bf16 pairs along K are the operand layout of AVX-512 BF16's dot product (vdpbf16ps: lane j
-// += a[2j] * b[2j] + a[2j+1] * b[2j+1], float32 accumulation); without that instruction (or with
-// the `dpbf16` attribute false) the pairs are widened to float32 in registers, exactly.
+// P = ceil(N / 16); columns past N and (bf16) the rows of zeros that pad K to Kp (a multiple of 32)
+// are zeros. bf16 pairs along K are the operand layout of both bf16 dot-product instructions,
+// float32 accumulation: AMX's tdpbf16ps, whose B tile is 16 pair-rows of one panel (1 KiB,
+// contiguous here) and whose A tile is 16 rows x 32 K of x; and AVX-512 BF16's vdpbf16ps (lane j
+// += a[2j] * b[2j] + a[2j+1] * b[2j+1]). Without either, the pairs are widened to float32 in
+// registers, exactly. Attribute `bf16_path`: 0 the best the CPU has (AMX > AVX-512 BF16 > widen),
+// 1 at most AVX-512 BF16, 2 widen (1 and 2 let the tests check every path on one machine).
 // Work items (groups of kPanels panels, all rows) are spread over XLA's intra-op thread pool.
+// Why AMX: on this generation vdpbf16ps runs at the float32 FMA's rate (64 flops per cycle), so
+// bf16 would only halve the weight bytes; XLA's own bf16 dots use AMX and win from 16 rows up.
 
 #include <algorithm>
 #include <atomic>
@@ -25,8 +30,12 @@
 #include <memory>
 #include <thread>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || defined(__AMX_BF16__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "xla/ffi/api/ffi.h"
@@ -131,7 +140,80 @@ void TileBf16(const Gemm& g, int64_t row, int64_t panel) {
   Store<R, P>(g, acc, row, panel);
 }
 
-enum class Kind { kF32, kBf16Dot, kBf16Widen };
+#if defined(__AMX_BF16__)
+// Linux hands out AMX's tile state only on request, once per process.
+bool AmxPermitted() {
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  static const bool permitted = syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  return permitted;
+}
+
+// Tiles 0..P-1: C (rows x 16 f32), tile 3: A (rows x 32 bf16 of x), tiles 4..6: B (16 pair-rows x 16
+// columns x 2). The configuration is per thread and other code may change it: set on every use.
+void ConfigureAmx(int rows) {
+  struct {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 7; ++t) config.colsb[t] = 64, config.rows[t] = t < 4 ? rows : 16;
+  _tile_loadconfig(&config);
+}
+
+// One rows x (P * 16) tile of out (rows <= 16, tiles configured for `rows`) over all of K.
+template <int P>
+void TileAmx(const Gemm& g, int64_t row, int rows, int64_t panel) {
+  const int64_t pairs = g.k / 2;
+  const uint16_t* x = static_cast<const uint16_t*>(g.x) + row * g.k;
+  const uint16_t* w = static_cast<const uint16_t*>(g.w) + panel * pairs * 2 * kLanes;
+  _tile_zero(0);
+  if constexpr (P > 1) _tile_zero(1);
+  if constexpr (P > 2) _tile_zero(2);
+  for (int64_t i = 0; i < pairs; i += 16) {  // 32 K values a step
+    _tile_loadd(3, x + 2 * i, g.k * 2);
+    _tile_loadd(4, w + i * 2 * kLanes, 64);
+    _tile_dpbf16ps(0, 3, 4);
+    if constexpr (P > 1) {
+      _tile_loadd(5, w + (pairs + i) * 2 * kLanes, 64);
+      _tile_dpbf16ps(1, 3, 5);
+    }
+    if constexpr (P > 2) {
+      _tile_loadd(6, w + (2 * pairs + i) * 2 * kLanes, 64);
+      _tile_dpbf16ps(2, 3, 6);
+    }
+  }
+  alignas(64) float block[P][16][kLanes];
+  _tile_stored(0, block[0], 64);
+  if constexpr (P > 1) _tile_stored(1, block[1], 64);
+  if constexpr (P > 2) _tile_stored(2, block[2], 64);
+  for (int p = 0; p < P; ++p) {
+    const int64_t col = (panel + p) * kLanes;
+    const int64_t width = std::min<int64_t>(kLanes, g.n - col);
+    for (int r = 0; r < rows; ++r) {
+      F32x16 value;
+      std::memcpy(&value, block[p][r], sizeof(value));
+      if (g.bias != nullptr) {
+        F32x16 bias = {};
+        std::memcpy(&bias, g.bias + col, width * sizeof(float));
+        value += bias;
+      }
+      std::memcpy(g.out + (row + r) * g.n + col, &value, width * sizeof(float));
+    }
+  }
+}
+
+// All rows of panels [panel, panel + P) in tiles of 16 rows.
+template <int P>
+void GroupAmx(const Gemm& g, int64_t panel, int& configured) {
+  for (int64_t row = 0; row < g.m; row += 16) {
+    const int rows = static_cast<int>(std::min<int64_t>(16, g.m - row));
+    if (rows != configured) ConfigureAmx(configured = rows);
+    TileAmx<P>(g, row, rows, panel);
+  }
+}
+#endif
+
+enum class Kind { kF32, kBf16Amx, kBf16Dot, kBf16Widen };
 
 template <Kind kKind, int R, int P>
 void Tile(const Gemm& g, int64_t row, int64_t panel) {
@@ -180,8 +262,18 @@ struct Work {
   std::atomic<int64_t> done{0};
 
   void Run() {
+    int configured = 0;  // AMX: the rows the tiles are configured for on this thread (0: not yet)
     for (int64_t group = next.fetch_add(1); group < total; group = next.fetch_add(1)) {
-      if (kind == Kind::kF32) {
+      if (kind == Kind::kBf16Amx) {
+#if defined(__AMX_BF16__)
+        const int64_t panel = group * kPanels;
+        switch (std::min<int64_t>(kPanels, gemm.panels - panel)) {
+          case 3: GroupAmx<3>(gemm, panel, configured); break;
+          case 2: GroupAmx<2>(gemm, panel, configured); break;
+          default: GroupAmx<1>(gemm, panel, configured);
+        }
+#endif
+      } else if (kind == Kind::kF32) {
         RunGroup<Kind::kF32>(gemm, group);
       } else if (kind == Kind::kBf16Dot) {
         RunGroup<Kind::kBf16Dot>(gemm, group);
@@ -190,11 +282,14 @@ struct Work {
       }
       done.fetch_add(1, std::memory_order_release);
     }
+#if defined(__AMX_BF16__)
+    if (configured) _tile_release();
+#endif
   }
 };
 
 ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> bias,
-                     ffi::ResultBuffer<ffi::F32> out, bool dpbf16) {
+                     ffi::ResultBuffer<ffi::F32> out, int32_t bf16_path) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto od = out->dimensions();
@@ -205,9 +300,9 @@ ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, f
                                        "[ceil(N/16), K/2, 16, 2] (u16), out [M, N]");
   }
   if (x.element_type() != w.element_type() || (!bf16 && w.element_type() != ffi::DataType::F32) ||
-      (bf16 ? (wd[3] != 2 || 2 * wd[1] != xd[1]) : wd[1] != xd[1])) {
+      (bf16 ? (wd[3] != 2 || 2 * wd[1] != xd[1] || xd[1] % 32 != 0) : wd[1] != xd[1])) {
     return ffi::Error::InvalidArgument("dense_cpu: x and w must both be f32, or both u16 (bf16 bits) with "
-                                       "K even, and agree on K");
+                                       "K a multiple of 32, and agree on K");
   }
   if (bias.element_count() != 0 && bias.element_count() != od[1]) {
     return ffi::Error::InvalidArgument("dense_cpu: bias must be [N] or [0] (none)");
@@ -215,11 +310,16 @@ ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, f
   auto work = std::make_shared<Work>();
   work->gemm = Gemm{x.untyped_data(), w.untyped_data(), bias.element_count() ? bias.typed_data() : nullptr,
                     out->typed_data(), xd[0], xd[1], od[1], wd[0]};
+  work->kind = Kind::kF32;
+  if (bf16) {
+    work->kind = Kind::kBf16Widen;
 #if defined(__AVX512BF16__)
-  work->kind = !bf16 ? Kind::kF32 : (dpbf16 ? Kind::kBf16Dot : Kind::kBf16Widen);
-#else
-  work->kind = !bf16 ? Kind::kF32 : Kind::kBf16Widen;
+    if (bf16_path <= 1) work->kind = Kind::kBf16Dot;
 #endif
+#if defined(__AMX_BF16__)
+    if (bf16_path == 0 && AmxPermitted()) work->kind = Kind::kBf16Amx;
+#endif
+  }
   work->total = (wd[0] + kPanels - 1) / kPanels;
   if (xd[0] == 0) return ffi::Error::Success();
   // Helpers on the other pool threads; this thread works too, then waits for groups others claimed.
@@ -239,4 +339,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseCpu, DenseImpl,
                                   .Arg<ffi::AnyBuffer>()         // w, packed
                                   .Arg<ffi::Buffer<ffi::F32>>()  // bias
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
-                                  .Attr<bool>("dpbf16"));
+                                  .Attr<int32_t>("bf16_path"));
