@@ -10,8 +10,9 @@ run: wall seconds, and CPU seconds of the process and its children (vLLM's engin
 Per condition the result gives output tokens per wall-second and per CPU-second of each engine,
 the jpaged / vLLM ratios of each round, their medians, and how many requests got identical
 greedy tokens from both engines. jpaged runs attention_backend "auto": on CPU the native
-attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths; each jpaged
-run records which.
+attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths, and with it the
+native dense kernel over packed weights (pallas_kernels.native_dense_cpu); each jpaged run
+records both.
 
 vLLM runs with `vllm_python` (its own virtual environment, ../shared/bench/README.md); when that
 interpreter is missing or cannot import vllm, the vLLM side is skipped with a message and only
@@ -131,7 +132,8 @@ def run_jpaged(workload: dict) -> dict:
     outputs = engine.generate(workload["prompts"], params)
     wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
     return {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
-            "engine": "jpaged", "attention_backend": executor.runner.backend}
+            "engine": "jpaged", "attention_backend": executor.runner.backend,
+            "native_dense": executor.runner.native_dense}
 
 
 def vllm_available(python: str) -> str | None:
