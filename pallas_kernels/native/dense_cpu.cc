@@ -66,21 +66,24 @@ struct Gemm {
   const void* w;
   const float* bias;  // nullptr: no bias
   float* out;
-  int64_t m, k, n, panels;  // k: x's row length (bf16: Kp, even)
+  int64_t m, k, n, panels;  // k: x's row length (bf16: Kp, a multiple of 32)
 };
 
-// acc (+ bias) into out's rows [row, row + R), panels [panel, panel + P); columns past N dropped.
+// One row of one panel (+ bias) into out, columns past N dropped: value holds columns [col, col + 16).
+inline void StoreRow(const Gemm& g, F32x16 value, int64_t row, int64_t col) {
+  const int64_t width = std::min<int64_t>(kLanes, g.n - col);
+  if (g.bias != nullptr) {
+    F32x16 bias = {};
+    std::memcpy(&bias, g.bias + col, width * sizeof(float));
+    value += bias;
+  }
+  std::memcpy(g.out + row * g.n + col, &value, width * sizeof(float));
+}
+
 template <int R, int P>
 inline void Store(const Gemm& g, F32x16 (&acc)[R][P], int64_t row, int64_t panel) {
-  for (int p = 0; p < P; ++p) {
-    const int64_t col = (panel + p) * kLanes;
-    const int64_t width = std::min<int64_t>(kLanes, g.n - col);
-    F32x16 bias = {};
-    if (g.bias != nullptr) std::memcpy(&bias, g.bias + col, width * sizeof(float));
-    for (int r = 0; r < R; ++r) {
-      const F32x16 value = g.bias != nullptr ? acc[r][p] + bias : acc[r][p];
-      std::memcpy(g.out + (row + r) * g.n + col, &value, width * sizeof(float));
-    }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) StoreRow(g, acc[r][p], row + r, (panel + p) * kLanes);
   }
 }
 
@@ -186,18 +189,11 @@ void TileAmx(const Gemm& g, int64_t row, int rows, int64_t panel) {
   _tile_stored(0, block[0], 64);
   if constexpr (P > 1) _tile_stored(1, block[1], 64);
   if constexpr (P > 2) _tile_stored(2, block[2], 64);
-  for (int p = 0; p < P; ++p) {
-    const int64_t col = (panel + p) * kLanes;
-    const int64_t width = std::min<int64_t>(kLanes, g.n - col);
-    for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < rows; ++r) {
+    for (int p = 0; p < P; ++p) {
       F32x16 value;
       std::memcpy(&value, block[p][r], sizeof(value));
-      if (g.bias != nullptr) {
-        F32x16 bias = {};
-        std::memcpy(&bias, g.bias + col, width * sizeof(float));
-        value += bias;
-      }
-      std::memcpy(g.out + (row + r) * g.n + col, &value, width * sizeof(float));
+      StoreRow(g, value, row + r, (panel + p) * kLanes);
     }
   }
 }
