@@ -56,8 +56,8 @@ def linear(d_in: int, d_out: int, in_axis: str, out_axis: str, *, bias: bool, dt
     instead would convert every weight in every step), while the residual stream stays float32.
     """
     return Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
-                      preferred_element_type=jnp.float32, kernel_init=WEIGHT_INIT, rngs=rngs,
-                      kernel_metadata=axes(in_axis, out_axis), bias_metadata=axes(out_axis))
+                  preferred_element_type=jnp.float32, kernel_init=WEIGHT_INIT, rngs=rngs,
+                  kernel_metadata=axes(in_axis, out_axis), bias_metadata=axes(out_axis))
 
 
 def norm(spec: ModelSpec, dtype: Any, rngs: nnx.Rngs) -> nnx.Module:

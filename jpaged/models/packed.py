@@ -44,7 +44,8 @@ def _pack_kernels(tree: Any) -> Any:
 
 
 def pack_dense(spec: ModelSpec, params: Params) -> Params:
-    """`params` (any layout of layers) with every dense kernel packed, and HEAD for a tied head."""
+    """Per-layer `params` (`layers` a list of trees, `decoder.unstack_layers`) with every dense
+    kernel packed, and HEAD for a tied head. Stacked kernels [L, K, N] are not what this packs."""
     out = _pack_kernels(params)
     if spec.tie_word_embeddings:
         out[HEAD] = native_dense_cpu.pack(params["embed"]["embedding"].T)  # [V, H] -> panels of [H, V]
