@@ -1,6 +1,8 @@
 """No request can stall or poison the engine: the three stalls found under stress, as repros, and
 the batching-independence guarantee (seeded outputs do not depend on how requests were batched)."""
 
+import functools
+
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -53,18 +55,19 @@ def test_recomputed_forked_group_keeps_sharing_its_prompt(policy):
     assert {k: o.output_token_ids for k, o in got.items()} == {k: o.output_token_ids for k, o in roomy.items()}
 
 
-def test_recomputed_beam_group_stays_aligned_and_exact():
+@pytest.mark.parametrize("policy, budget", [("chunked", 24), pytest.param("chunked", 512, marks=pytest.mark.slow),
+                                            ("paper", 512)])
+def test_recomputed_beam_group_stays_aligned_and_exact(policy, budget):
     """A preempted beam group's beams recompute their histories sharing common blocks and rejoin in
     one step; the search ends as it would have without preemption."""
     requests = [("a", list(range(1, 40)), SamplingParams(max_tokens=40, temperature=0.8, seed=1)),
                 ("b", list(range(1, 64)), SamplingParams(n=3, use_beam_search=True, max_tokens=20))]
-    for policy, budget in (("chunked", 24), ("chunked", 512), ("paper", 512)):
-        small = engine(policy=policy, max_num_batched_tokens=budget)
-        got = serve(small, requests)
-        assert small.kv_stats()["num_preemptions"] > 0
-        roomy = serve(engine(num_blocks=64, policy=policy, max_num_batched_tokens=budget), requests)
-        assert got["b"].output_token_ids == roomy["b"].output_token_ids
-        assert got["a"].output_token_ids == roomy["a"].output_token_ids
+    small = engine(policy=policy, max_num_batched_tokens=budget)
+    got = serve(small, requests)
+    assert small.kv_stats()["num_preemptions"] > 0
+    roomy = serve(engine(num_blocks=64, policy=policy, max_num_batched_tokens=budget), requests)
+    assert got["b"].output_token_ids == roomy["b"].output_token_ids
+    assert got["a"].output_token_ids == roomy["a"].output_token_ids
 
 
 def test_wider_than_max_num_seqs_is_refused_at_the_door_and_recompute_never_livelocks():
@@ -88,13 +91,20 @@ def test_wider_than_max_num_seqs_is_refused_at_the_door_and_recompute_never_live
 def test_a_group_outgrowing_the_pool_ends_with_an_error_and_the_rest_is_served(params, mode):
     """A group whose sequences outgrow the whole pool is aborted with an error (in swap mode it used
     to be swapped out and never come back, freezing the engine); the others finish exactly."""
-    other = ("ok", list(range(5, 25)), SamplingParams(max_tokens=10))
-    requests = [("big", list(range(1, 12)), params), other]
+    requests = [("big", list(range(1, 12)), params), OTHER]
     got = serve(engine(num_blocks=9, num_host_blocks=32 if mode == "swap" else 0, mode=mode), requests)
     assert "outgrew the whole KV pool" in got["big"].error
     assert got["big"].finished and got["ok"].error is None
-    alone = serve(engine(num_blocks=9), [other])
-    assert got["ok"].output_token_ids == alone["ok"].output_token_ids
+    assert got["ok"].output_token_ids == _served_alone()
+
+
+OTHER = ("ok", list(range(5, 25)), SamplingParams(max_tokens=10))
+
+
+@functools.cache
+def _served_alone() -> list[list[int]]:
+    """OTHER's tokens served alone (computed once for every case)."""
+    return serve(engine(num_blocks=9), [OTHER])["ok"].output_token_ids
 
 
 SEEDED = [("g", list(range(3, 20)), SamplingParams(max_tokens=14)),
@@ -118,6 +128,11 @@ def test_seeded_outputs_do_not_depend_on_batching(setting):
     mode, block size, policy, chunk size, max_num_seqs and arrival order change nothing."""
     setting = dict(setting)
     order = SEEDED[::-1] if setting.pop("reverse", False) else SEEDED
-    reference = serve(engine(num_blocks=128), SEEDED)
     got = serve(engine(**setting), order)
-    assert {k: o.output_token_ids for k, o in got.items()} == {k: o.output_token_ids for k, o in reference.items()}
+    assert {k: o.output_token_ids for k, o in got.items()} == _seeded_reference()
+
+
+@functools.cache
+def _seeded_reference() -> dict[str, list[list[int]]]:
+    """SEEDED's tokens on a roomy pool, FCFS (computed once for every setting)."""
+    return {k: o.output_token_ids for k, o in serve(engine(num_blocks=128), SEEDED).items()}

@@ -63,11 +63,14 @@ def _serve(model, tp):
     return [o.output_token_ids for o in outs], ops, stats["num_preemptions"]
 
 
-@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
-def test_engine_outputs_equal_single_device(model):
+# tiny-opt at tp = 2: every head split evenly; tiny-llama at tp = 4: 2 KV heads replicated over 4
+# devices (one tensor-parallel degree each keeps the suite's time; both layouts are covered).
+@pytest.mark.parametrize("model, degrees", [("tiny-opt", (2,)), ("tiny-llama", (4,))],
+                         ids=["tiny-opt-tp2", "tiny-llama-tp4"])
+def test_engine_outputs_equal_single_device(model, degrees):
     expected, ops, preemptions = _serve(model, 1)
     assert preemptions > 0 and ops["swap_out"] > 0 and ops["swap_in"] > 0 and ops["copy"] > 0
-    for tp in (2, 4):  # tiny-llama at tp = 4: 2 KV heads replicated over 4 devices
+    for tp in degrees:
         outputs, tp_ops, tp_preemptions = _serve(model, tp)
         assert outputs == expected, tp
         assert (tp_ops, tp_preemptions) == (ops, preemptions)  # the host side is unchanged
