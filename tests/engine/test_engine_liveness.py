@@ -84,10 +84,15 @@ def test_wider_than_max_num_seqs_is_refused_at_the_door_and_recompute_never_live
     assert [len(t) for t in got["b"].output_token_ids] == [20, 20, 20]
 
 
-@pytest.mark.parametrize("params", [SamplingParams(max_tokens=240), SamplingParams(n=8, max_tokens=120, temperature=1.0),
-                                    SamplingParams(n=4, use_beam_search=True, max_tokens=120)],
-                         ids=["long-output", "n8", "beam4"])
-@pytest.mark.parametrize("mode", ["swap", "recompute"])
+# Every kind of group in both modes; two of the six pairs run only with -m slow (the suite's time).
+@pytest.mark.parametrize("params, mode", [
+    pytest.param(SamplingParams(max_tokens=240), "swap", id="swap-long-output", marks=pytest.mark.slow),
+    pytest.param(SamplingParams(max_tokens=240), "recompute", id="recompute-long-output"),
+    pytest.param(SamplingParams(n=8, max_tokens=120, temperature=1.0), "swap", id="swap-n8"),
+    pytest.param(SamplingParams(n=8, max_tokens=120, temperature=1.0), "recompute", id="recompute-n8"),
+    pytest.param(SamplingParams(n=4, use_beam_search=True, max_tokens=120), "swap", id="swap-beam4"),
+    pytest.param(SamplingParams(n=4, use_beam_search=True, max_tokens=120), "recompute", id="recompute-beam4",
+                 marks=pytest.mark.slow)])
 def test_a_group_outgrowing_the_pool_ends_with_an_error_and_the_rest_is_served(params, mode):
     """A group whose sequences outgrow the whole pool is aborted with an error (in swap mode it used
     to be swapped out and never come back, freezing the engine); the others finish exactly."""
@@ -118,11 +123,11 @@ SEEDED = [("g", list(range(3, 20)), SamplingParams(max_tokens=14)),
     dict(num_blocks=12, mode="recompute"),
     dict(num_blocks=12, num_host_blocks=40, mode="swap"),
     dict(block_size=8, num_blocks=24, mode="recompute"),
-    dict(policy="paper", num_blocks=12, num_host_blocks=40, mode="swap"),
+    pytest.param(dict(policy="paper", num_blocks=12, num_host_blocks=40, mode="swap"), marks=pytest.mark.slow),
     dict(max_num_batched_tokens=16, num_blocks=80),
-    dict(max_num_seqs=3, max_num_batched_tokens=40, num_blocks=80),
+    pytest.param(dict(max_num_seqs=3, max_num_batched_tokens=40, num_blocks=80), marks=pytest.mark.slow),
     dict(num_blocks=12, prefix_caching=True, reverse=True),
-], ids=["recompute", "swap", "block8", "paper-swap", "chunk16", "seqs3", "prefix-reversed"])
+], ids=["recompute", "swap", "block8", "paper-swap", "chunk16", "seqs3", "prefix-reversed"])  # (slow: -m slow)
 def test_seeded_outputs_do_not_depend_on_batching(setting):
     """Outputs are a function of (seed, request id, sample index, position): pool size, preemption
     mode, block size, policy, chunk size, max_num_seqs and arrival order change nothing."""
