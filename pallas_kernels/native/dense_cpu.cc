@@ -45,14 +45,25 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int kLanes = 16;  // columns per panel: one 512-bit vector of float32
-constexpr int kRows = 8;    // rows per register tile
-constexpr int kPanels = 3;  // panels per register tile: 8 x 3 = 24 accumulators of 32 vector registers
+#if defined(__AVX512F__)
+constexpr int kVecLanes = 16;  // float32 lanes of one vector register
+constexpr int kRows = 8;       // rows per register tile
+constexpr int kPanels = 3;     // panels per register tile: 8 x 3 = 24 accumulators of 32 vector registers
+#else
+// AVX2: a panel is two 256-bit registers, of 16; 6 rows x 1 panel = 12 accumulators + 2 loads + 1
+// broadcast (BLIS's 6 x 16 Haswell tile). A 512-bit vector type would have no machine mode here:
+// GCC would keep every such vector in memory (measured 4-20x slower than XLA's dots).
+constexpr int kVecLanes = 8;
+constexpr int kRows = 6;
+constexpr int kPanels = 1;
+#endif
+constexpr int kHalves = kLanes / kVecLanes;  // vector registers per panel row
 
-// GCC/Clang vector types: 16 float32 (or uint32) lanes, compiled to whatever vectors the CPU has.
-typedef float F32x16 __attribute__((vector_size(64)));
-typedef float F32x16Unaligned __attribute__((vector_size(64), aligned(4)));
-typedef uint32_t U32x16Unaligned __attribute__((vector_size(64), aligned(4)));
-typedef uint32_t U32x16 __attribute__((vector_size(64)));
+// GCC/Clang vector types of one register: kVecLanes float32 (or uint32) lanes.
+typedef float F32xV __attribute__((vector_size(kVecLanes * 4)));
+typedef float F32xVUnaligned __attribute__((vector_size(kVecLanes * 4), aligned(4)));
+typedef uint32_t U32xVUnaligned __attribute__((vector_size(kVecLanes * 4), aligned(4)));
+typedef uint32_t U32xV __attribute__((vector_size(kVecLanes * 4)));
 
 inline float Bf16ToF32(uint16_t bits) {
   uint32_t word = static_cast<uint32_t>(bits) << 16;
@@ -69,39 +80,47 @@ struct Gemm {
   int64_t m, k, n, panels;  // k: x's row length (bf16: Kp, a multiple of 32)
 };
 
-// One row of one panel (+ bias) into out, columns past N dropped: value holds columns [col, col + 16).
-inline void StoreRow(const Gemm& g, F32x16 value, int64_t row, int64_t col) {
+// One row of one panel (+ bias) into out, columns past N dropped: values holds columns [col, col + 16).
+inline void StoreRow(const Gemm& g, const float* values, int64_t row, int64_t col) {
   const int64_t width = std::min<int64_t>(kLanes, g.n - col);
-  if (g.bias != nullptr) {
-    F32x16 bias = {};
-    std::memcpy(&bias, g.bias + col, width * sizeof(float));
-    value += bias;
+  float* out = g.out + row * g.n + col;
+  if (g.bias == nullptr) {
+    std::memcpy(out, values, width * sizeof(float));
+    return;
   }
-  std::memcpy(g.out + row * g.n + col, &value, width * sizeof(float));
+  for (int64_t j = 0; j < width; ++j) out[j] = values[j] + g.bias[col + j];
 }
 
+// acc[r][p * kHalves + h]: row r, panel p, columns [h * kVecLanes, + kVecLanes) of the panel.
 template <int R, int P>
-inline void Store(const Gemm& g, F32x16 (&acc)[R][P], int64_t row, int64_t panel) {
+inline void Store(const Gemm& g, F32xV (&acc)[R][P * kHalves], int64_t row, int64_t panel) {
   for (int r = 0; r < R; ++r) {
-    for (int p = 0; p < P; ++p) StoreRow(g, acc[r][p], row + r, (panel + p) * kLanes);
+    for (int p = 0; p < P; ++p) {
+      float values[kLanes];
+      std::memcpy(values, &acc[r][p * kHalves], sizeof(values));
+      StoreRow(g, values, row + r, (panel + p) * kLanes);
+    }
   }
 }
 
 // One R x (P * 16) tile of float32 out over all of K: x rows [row, row + R), panels [panel, + P).
 template <int R, int P>
 void TileF32(const Gemm& g, int64_t row, int64_t panel) {
-  F32x16 acc[R][P] = {};
+  constexpr int V = P * kHalves;  // vector registers per tile row
+  F32xV acc[R][V] = {};
   const float* x = static_cast<const float*>(g.x) + row * g.k;
   const float* w = static_cast<const float*>(g.w) + panel * g.k * kLanes;
   for (int64_t i = 0; i < g.k; ++i) {
-    F32x16 wv[P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) wv[p] = *reinterpret_cast<const F32x16Unaligned*>(w + (p * g.k + i) * kLanes);
+    F32xV wv[V];
+#pragma GCC unroll 6
+    for (int v = 0; v < V; ++v) {
+      wv[v] = *reinterpret_cast<const F32xVUnaligned*>(w + ((v / kHalves) * g.k + i) * kLanes + v % kHalves * kVecLanes);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const float xv = x[r * g.k + i];
-#pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) acc[r][p] += wv[p] * xv;
+#pragma GCC unroll 6
+      for (int v = 0; v < V; ++v) acc[r][v] += wv[v] * xv;
     }
   }
   Store<R, P>(g, acc, row, panel);
@@ -111,14 +130,17 @@ void TileF32(const Gemm& g, int64_t row, int64_t panel) {
 // float32 vectors (even K rows are the low halves of the 32-bit lanes, odd rows the high halves).
 template <int R, int P, bool kDot>
 void TileBf16(const Gemm& g, int64_t row, int64_t panel) {
-  F32x16 acc[R][P] = {};
+  constexpr int V = P * kHalves;  // vector registers per tile row
+  F32xV acc[R][V] = {};
   const int64_t pairs = g.k / 2;
   const uint16_t* x = static_cast<const uint16_t*>(g.x) + row * g.k;
   const uint16_t* w = static_cast<const uint16_t*>(g.w) + panel * pairs * 2 * kLanes;
   for (int64_t i = 0; i < pairs; ++i) {
-    U32x16 wv[P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) wv[p] = *reinterpret_cast<const U32x16Unaligned*>(w + (p * pairs + i) * 2 * kLanes);
+    U32xV wv[V];  // each uint32 lane: the bf16 pair (K rows 2i, 2i + 1) of one column
+#pragma GCC unroll 6
+    for (int v = 0; v < V; ++v) {
+      wv[v] = *reinterpret_cast<const U32xVUnaligned*>(w + ((v / kHalves) * pairs + i) * 2 * kLanes + v % kHalves * 2 * kVecLanes);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint16_t* xr = x + r * g.k + 2 * i;
@@ -128,14 +150,14 @@ void TileBf16(const Gemm& g, int64_t row, int64_t panel) {
         std::memcpy(&pair, xr, 4);
         const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
 #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) acc[r][p] = (F32x16)_mm512_dpbf16_ps((__m512)acc[r][p], (__m512bh)wv[p], xv);
+        for (int v = 0; v < V; ++v) acc[r][v] = (F32xV)_mm512_dpbf16_ps((__m512)acc[r][v], (__m512bh)wv[v], xv);
 #endif
       } else {
         const float x0 = Bf16ToF32(xr[0]), x1 = Bf16ToF32(xr[1]);
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) {
-          acc[r][p] += (F32x16)(wv[p] << 16) * x0;
-          acc[r][p] += (F32x16)(wv[p] & 0xFFFF0000u) * x1;
+#pragma GCC unroll 6
+        for (int v = 0; v < V; ++v) {
+          acc[r][v] += (F32xV)(wv[v] << 16) * x0;
+          acc[r][v] += (F32xV)(wv[v] & 0xFFFF0000u) * x1;
         }
       }
     }
@@ -190,11 +212,7 @@ void TileAmx(const Gemm& g, int64_t row, int rows, int64_t panel) {
   if constexpr (P > 1) _tile_stored(1, block[1], 64);
   if constexpr (P > 2) _tile_stored(2, block[2], 64);
   for (int r = 0; r < rows; ++r) {
-    for (int p = 0; p < P; ++p) {
-      F32x16 value;
-      std::memcpy(&value, block[p][r], sizeof(value));
-      StoreRow(g, value, row + r, (panel + p) * kLanes);
-    }
+    for (int p = 0; p < P; ++p) StoreRow(g, block[p][r], row + r, (panel + p) * kLanes);
   }
 }
 
