@@ -38,9 +38,27 @@ def git_sha() -> str:
         return "unknown"
 
 
+# CPU features that change which native kernel paths run (pallas_kernels/native/*.cc) and how fast.
+_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """The host CPU as /proc/cpuinfo names it, with the vector features the kernels use, e.g.
+    "AMD EPYC (avx2 fma)"; the machine name where /proc/cpuinfo is missing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return f"{fields.get('model name', platform.machine())} ({' '.join(f for f in _CPU_FLAGS if f in flags)})"
+
+
 def provenance(config: Any, seed: int | None = None, device: str | None = None) -> dict:
-    """Where a result came from: code version, library versions, device, config, seed, date."""
+    """Where a result came from: code version, library versions, device, host CPU, config, seed, date."""
     info = {"git_sha": git_sha(), "python": platform.python_version(), "machine": platform.machine(),
+            "cpu": cpu_description(),
             "config": config_to_dict(config), "seed": seed,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:

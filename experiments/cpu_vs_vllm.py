@@ -8,8 +8,15 @@ force preemption, which both engines handle by recomputation). Each round runs j
 vLLM, each in a fresh process (A B A B ...) that serves the workload twice and times the second
 run: wall seconds, and CPU seconds of the process and its children (vLLM's engine core is one).
 Per condition the result gives output tokens per wall-second and per CPU-second of each engine,
-the jpaged / vLLM ratios of each round, their medians, and how many requests got identical
-greedy tokens from both engines. jpaged runs attention_backend "auto": on CPU the native
+the jpaged / vLLM ratios of each round, their medians, how many requests got identical greedy
+tokens from both engines, and how many are "close" by vLLM's own test of two implementations of
+one model (`tests/models/utils.py: check_logprobs_close`): the token sequences agree, or at their
+first difference each engine's token is among the other's top `num_logprobs` candidates there.
+In bfloat16 greedy sequences of two correct implementations part ways wherever the top two
+logits lie within rounding of each other (Hugging Face's and vLLM's own bf16 OPT do too: see
+docs/ARCHITECTURE.md, CPU path), so bf16 is judged by closeness; float32 by identity. The
+log-probabilities come from each engine's warm-up run; the timed run asks for none, and each
+engine's timed tokens must equal its warm-up tokens. jpaged runs attention_backend "auto": on CPU the native
 attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths, and with it the
 native dense kernel over packed weights (pallas_kernels.native_dense_cpu); each jpaged run
 records both.
@@ -61,13 +68,15 @@ class CpuVsVllmConfig:
     jpaged_block_size: int = 16
     vllm_block_size: int = 32  # vLLM's CPU attention takes multiples of 32 only
     rounds: int = 2  # A B pairs per condition
+    num_logprobs: int = 5  # top candidates per token in the warm-up runs, for the closeness check
     vllm_python: str = "/work/vllm-venv/bin/python"  # interpreter of vLLM's own virtual environment
     output: str = "results/cpu_vs_vllm.json"
 
     def __post_init__(self) -> None:
         if not self.dtypes or set(self.dtypes) - {"float32", "bfloat16"}:
             raise ValueError(f"dtypes must be a non-empty list of 'float32'/'bfloat16', got {self.dtypes}")
-        for name in ("rounds", "num_requests", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("rounds", "num_requests", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                     "num_logprobs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         block = np.lcm(self.jpaged_block_size, self.vllm_block_size)
@@ -109,7 +118,8 @@ def write_hf_dir(directory: Path, name: str, seed: int) -> Path:
 
 
 def run_jpaged(workload: dict) -> dict:
-    """Serves `workload` twice with LLMEngine in this process; the second run's tokens and times."""
+    """Serves `workload` twice with LLMEngine in this process: the first run (warm-up, it compiles)
+    with the top `num_logprobs` log-probabilities of every token, the second timed and without."""
     from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from jpaged.engine import LLMEngine
     from jpaged.executors.jax import JaxExecutor
@@ -126,14 +136,29 @@ def run_jpaged(workload: dict) -> dict:
                                   max_num_batched_tokens=workload["max_num_batched_tokens"]))
     executor = JaxExecutor(config)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in workload["output_lens"]]
-    LLMEngine(config, executor=executor).generate(workload["prompts"], params)  # warm-up: compiles
+    with_logprobs = [SamplingParams(max_tokens=n, ignore_eos=True, logprobs=workload["num_logprobs"])
+                     for n in workload["output_lens"]]
+    warm = LLMEngine(config, executor=executor).generate(workload["prompts"], with_logprobs)
     engine = LLMEngine(config, executor=executor)
     start_wall, start_cpu = time.perf_counter(), tree_cpu_seconds()
     outputs = engine.generate(workload["prompts"], params)
     wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
     return {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
             "engine": "jpaged", "attention_backend": executor.runner.backend,
-            "native_dense": executor.runner.native_dense}
+            "native_dense": executor.runner.native_dense,
+            "warmup_tokens": [list(o.output_token_ids[0]) for o in warm],
+            "warmup_logprobs": [[list(position.items()) for position in o.outputs[0].logprobs] for o in warm]}
+
+
+def logprobs_close(tokens_a: list[int], logprobs_a: list, tokens_b: list[int], logprobs_b: list) -> bool:
+    """vLLM's closeness test of two greedy outputs (`check_logprobs_close`): identical, or at the
+    first position where they differ each token is among the other's candidates there (later
+    positions are not compared: the contexts differ from then on). `logprobs_*`: per position,
+    [token id, logprob] pairs of the top candidates."""
+    for position, (a, b) in enumerate(zip(tokens_a, tokens_b)):
+        if a != b:
+            return (a in {t for t, _ in logprobs_b[position]}) and (b in {t for t, _ in logprobs_a[position]})
+    return len(tokens_a) == len(tokens_b)
 
 
 def vllm_available(python: str) -> str | None:
@@ -182,9 +207,13 @@ def _summary(runs: dict[str, list[dict]], output_tokens: int) -> dict:
         out["ratio_cpu_per_round"] = [v["cpu_s"] / j["cpu_s"] for j, v in pairs]
         out["ratio_wall"] = statistics.median(out["ratio_wall_per_round"])
         out["ratio_cpu"] = statistics.median(out["ratio_cpu_per_round"])
-        first_j, first_v = pairs[0][0]["tokens"], pairs[0][1]["tokens"]
-        out["identical_requests"] = sum(a == b for a, b in zip(first_j, first_v))
-    out["jpaged_deterministic"] = all(r["tokens"] == runs["jpaged"][0]["tokens"] for r in runs["jpaged"])
+        first_j, first_v = pairs[0]
+        out["identical_requests"] = sum(a == b for a, b in zip(first_j["tokens"], first_v["tokens"]))
+        out["close_requests"] = sum(logprobs_close(*args) for args in zip(
+            first_j["warmup_tokens"], first_j["warmup_logprobs"], first_v["warmup_tokens"], first_v["warmup_logprobs"]))
+    for engine, engine_runs in runs.items():  # every timed run: the tokens of the first, and of its own warm-up
+        out[f"{engine}_deterministic"] = all(r["tokens"] == engine_runs[0]["tokens"] == r["warmup_tokens"]
+                                             for r in engine_runs)
     return out
 
 
@@ -215,7 +244,8 @@ def run(config: CpuVsVllmConfig) -> dict:
                                     "block_size": config.jpaged_block_size if engine == "jpaged"
                                     else config.vllm_block_size, "max_num_seqs": config.max_num_seqs,
                                     "max_model_len": config.max_model_len, "seed": config.seed,
-                                    "max_num_batched_tokens": config.max_num_batched_tokens}
+                                    "max_num_batched_tokens": config.max_num_batched_tokens,
+                                    "num_logprobs": config.num_logprobs}
                         result = _run_fresh(engine, workload, config.vllm_python, tmp)
                         runs[engine].append(result)
                         print(f"{dtype:<9} kv {kv_slots:<5} round {round_index} {engine:<6} "
@@ -227,7 +257,8 @@ def run(config: CpuVsVllmConfig) -> dict:
                 request_0 = {e: runs[e][0]["tokens"][0][:16] for e in engines}  # a sample to eyeball
                 for engine_runs in runs.values():
                     for r in engine_runs:
-                        del r["tokens"]
+                        for key in ("tokens", "warmup_tokens", "warmup_logprobs"):
+                            del r[key]
                 conditions.append({"dtype": dtype, "kv_slots": kv_slots, "summary": summary, "runs": runs,
                                    "request_0_first_tokens": request_0})
                 result = {"model": config.model, "output_tokens": output_tokens, "num_requests": config.num_requests,

@@ -42,3 +42,14 @@ def test_tree_cpu_seconds_counts_this_process():
 def test_bad_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         CpuVsVllmConfig(**{field: value})
+
+
+def test_logprobs_close_is_vllm_s_test_of_the_first_difference():
+    close = cpu_vs_vllm.logprobs_close
+    top = [[[5, -0.1], [6, -0.2]], [[7, -0.1], [8, -0.3]], [[9, -0.1], [1, -0.2]]]  # per position
+    assert close([5, 7, 9], top, [5, 7, 9], top)
+    # They part at position 1; each token is among the other's candidates there; later ones are not compared.
+    assert close([5, 7, 9], top, [5, 8, 3], [top[0], [[8, -0.1], [7, -0.2]], [[3, -0.1]]])
+    assert not close([5, 7, 9], top, [5, 4, 9], [top[0], [[4, -0.1], [7, -0.2]], top[2]])  # 4 not among a's
+    assert not close([5, 7, 9], top, [5, 8, 9], [top[0], [[8, -0.1], [2, -0.2]], top[2]])  # 7 not among b's
+    assert not close([5, 7], top, [5, 7, 9], top)  # a prefix is not the same output
