@@ -83,12 +83,14 @@ struct Gemm {
 // One row of one panel (+ bias) into out, columns past N dropped: values holds columns [col, col + 16).
 inline void StoreRow(const Gemm& g, const float* values, int64_t row, int64_t col) {
   const int64_t width = std::min<int64_t>(kLanes, g.n - col);
-  float* out = g.out + row * g.n + col;
-  if (g.bias == nullptr) {
-    std::memcpy(out, values, width * sizeof(float));
-    return;
+  float sum[kLanes];
+  std::memcpy(sum, values, sizeof(sum));
+  if (g.bias != nullptr) {
+    float bias[kLanes] = {};
+    std::memcpy(bias, g.bias + col, width * sizeof(float));
+    for (int j = 0; j < kLanes; ++j) sum[j] += bias[j];  // a fixed 16: one or two vector adds
   }
-  for (int64_t j = 0; j < width; ++j) out[j] = values[j] + g.bias[col + j];
+  std::memcpy(g.out + row * g.n + col, sum, width * sizeof(float));
 }
 
 // acc[r][p * kHalves + h]: row r, panel p, columns [h * kVecLanes, + kVecLanes) of the panel.
