@@ -236,22 +236,26 @@ def _peer(peer: dict) -> str:
 def _against_vllm(runs: list[dict]) -> str:
     """cpu_vs_vllm's alternating runs of jpaged and vLLM's CPU build: tokens per wall- and CPU-second."""
     rows = ["| dtype | KV slots | tok / wall-s (jpaged, vLLM) | wall ratio | tok / CPU-s (jpaged, vLLM) | CPU ratio | "
-            "identical greedy tokens | load |", "|---|---|---|---|---|---|---|---|"]
+            "identical greedy tokens | close (vLLM's test) | load |", "|---|---|---|---|---|---|---|---|---|"]
     ahead = []
+    cpus = sorted({r["provenance"].get("cpu", "a CPU the file does not name") for r in runs})
     for r in runs:
         for c in r["conditions"]:
             s = c["summary"]
             loads = [run["load_average_before"][0] for engine in ("jpaged", "vllm") for run in c["runs"][engine]]
+            close = f"{s['close_requests']}/{r['num_requests']}" if "close_requests" in s else "-"
             rows.append(f"| {c['dtype']} | {c['kv_slots']:,} | {s['jpaged']['tok_per_wall_s']:.0f}, "
                         f"{s['vllm']['tok_per_wall_s']:.0f} | {s['ratio_wall']:.2f} | {s['jpaged']['tok_per_cpu_s']:.0f}, "
                         f"{s['vllm']['tok_per_cpu_s']:.0f} | {s['ratio_cpu']:.2f} | {s['identical_requests']}/"
-                        f"{r['num_requests']} | {min(loads):.1f}-{max(loads):.1f} |")
+                        f"{r['num_requests']} | {close} | {min(loads):.1f}-{max(loads):.1f} |")
             ahead += [s["ratio_wall"] >= 1, s["ratio_cpu"] >= 1]
     return (f"{command('cpu_vs_vllm')} and {command('cpu_vs_vllm', 'cpu_vs_vllm_bf16')}: the real engine against vLLM's CPU build on one local "
             "Hugging Face directory (opt-125m, dummy weights), serve_real's requests, greedy, jpaged then vLLM in fresh "
-            "processes each round, medians of the per-round ratios (jpaged / vLLM; load: the 1-minute load average "
-            "before each run, on 2 cores; docs/ARCHITECTURE.md, CPU path, has the loaded runs and how to read vLLM's "
-            "CPU seconds):\n\n" + "\n".join(rows)
+            f"processes each round, on {' / '.join(cpus)}, medians of the per-round ratios (jpaged / vLLM; load: the "
+            "1-minute load average before each run, on 2 cores; close: the greedy outputs agree, or at their first "
+            "difference each engine's token is among the other's top 5, vLLM's `check_logprobs_close`; "
+            "docs/ARCHITECTURE.md, CPU path, has the loaded runs, why bf16 is judged by closeness, and how to read "
+            "vLLM's CPU seconds):\n\n" + "\n".join(rows)
             + f"\n\njpaged is at least as fast as vLLM in {sum(ahead)} of {len(ahead)} cells (target: all).")
 
 
