@@ -189,9 +189,9 @@ def host_and_real_engine(results: dict, figures: Figures) -> str:
     peer = results.get("bench_host_peer")
     if peer is not None:
         out += _peer(peer) + "\n\n"
-    runs = [results[k] for k in ("cpu_vs_vllm", "cpu_vs_vllm_bf16") if k in results]
-    if runs:
-        out += _against_vllm(runs) + "\n\n"
+    configs = [k for k in ("cpu_vs_vllm", "cpu_vs_vllm_bf16", "cpu_vs_vllm_bf16_pressure") if k in results]
+    if configs:
+        out += _against_vllm(configs, [results[k] for k in configs]) + "\n\n"
     r = results.get("serve_real")
     if r is None:
         return out + not_run("serve_real")
@@ -233,8 +233,9 @@ def _peer(peer: dict) -> str:
               "caching on).")
 
 
-def _against_vllm(runs: list[dict]) -> str:
-    """cpu_vs_vllm's alternating runs of jpaged and vLLM's CPU build: tokens per wall- and CPU-second."""
+def _against_vllm(configs: list[str], runs: list[dict]) -> str:
+    """cpu_vs_vllm's alternating runs of jpaged and vLLM's CPU build (one result per config name in
+    `configs`): tokens per wall- and CPU-second."""
     rows = ["| dtype | KV slots | tok / wall-s (jpaged, vLLM) | wall ratio | tok / CPU-s (jpaged, vLLM) | CPU ratio | "
             "identical greedy tokens | close (vLLM's test) | load |", "|---|---|---|---|---|---|---|---|---|"]
     ahead = []
@@ -249,7 +250,7 @@ def _against_vllm(runs: list[dict]) -> str:
                         f"{s['vllm']['tok_per_cpu_s']:.0f} | {s['ratio_cpu']:.2f} | {s['identical_requests']}/"
                         f"{r['num_requests']} | {close} | {min(loads):.1f}-{max(loads):.1f} |")
             ahead += [s["ratio_wall"] >= 1, s["ratio_cpu"] >= 1]
-    return (f"{command('cpu_vs_vllm')} and {command('cpu_vs_vllm', 'cpu_vs_vllm_bf16')}: the real engine against vLLM's CPU build on one local "
+    return (f"{', '.join(command('cpu_vs_vllm', c) for c in configs)}: the real engine against vLLM's CPU build on one local "
             "Hugging Face directory (opt-125m, dummy weights), serve_real's requests, greedy, jpaged then vLLM in fresh "
             f"processes each round, on {' / '.join(cpus)}, medians of the per-round ratios (jpaged / vLLM; load: the "
             "1-minute load average before each run, on 2 cores; close: the greedy outputs agree, or at their first "

@@ -14,7 +14,8 @@ from jpaged.config import load_config
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 # Config files named after a variant of an experiment: configs/<experiment>_<variant>.yaml.
 MODULE_OF = {"kernel_bench_block_sizes": "kernel_bench", "kernel_bench_gpu_check": "kernel_bench",
-             "cpu_vs_vllm_bf16": "cpu_vs_vllm", "profile_forward_bf16": "profile_forward"}
+             "cpu_vs_vllm_bf16": "cpu_vs_vllm", "cpu_vs_vllm_bf16_pressure": "cpu_vs_vllm",
+             "profile_forward_bf16": "profile_forward"}
 
 
 def config_class(stem):
