@@ -7,12 +7,12 @@ jpaged), in a fresh process per run:
 
 WORKLOAD.json (written by cpu_vs_vllm.py): model_dir, dtype, prompts (token ids), output_lens,
 kv_slots, block_size, max_num_seqs, max_model_len, max_num_batched_tokens, seed, num_logprobs. The
-workload is served twice through `vllm.LLM.generate`: the first run warms up and compiles, and
-asks for the top `num_logprobs` log-probabilities of every output token; the second is timed and
-asks for none. RESULT.json: the greedy tokens of every request in both runs, the first run's
-log-probabilities (per request, per token, [token id, logprob] pairs), wall seconds and CPU
-seconds of the timed run, CPU time summed over this process and all its descendants (vLLM's
-engine core runs in a child process).
+workload is served through `vllm.LLM.generate` twice alike (the first run warms up and compiles;
+the second is timed), then, if num_logprobs > 0, once more untimed asking for the top
+num_logprobs log-probabilities of every output token. RESULT.json: the greedy tokens of every
+request, wall seconds and CPU seconds of the timed run, CPU time summed over this process and all
+its descendants (vLLM's engine core runs in a child process); with num_logprobs, the last run's
+tokens and log-probabilities (per request, per token, [token id, logprob] pairs).
 """
 
 from __future__ import annotations
@@ -70,18 +70,22 @@ def run(workload: dict) -> dict:
     prompts = [TokensPrompt(prompt_token_ids=p) for p in workload["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
               for n in workload["output_lens"]]
-    with_logprobs = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False,
-                                    logprobs=workload["num_logprobs"]) for n in workload["output_lens"]]
-    warm = llm.generate(prompts, with_logprobs, use_tqdm=False)  # warm-up: compiles and fills caches
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles and fills caches
     start_wall, start_cpu = time.perf_counter(), tree_cpu_seconds()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
     import vllm
 
-    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "wall_s": wall, "cpu_s": cpu,
-            "engine": f"vllm {vllm.__version__}", "warmup_tokens": [list(o.outputs[0].token_ids) for o in warm],
-            "warmup_logprobs": [[[[t, lp.logprob] for t, lp in position.items()] for position in o.outputs[0].logprobs]
-                                for o in warm]}
+    result = {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "wall_s": wall, "cpu_s": cpu,
+              "engine": f"vllm {vllm.__version__}"}
+    if workload["num_logprobs"]:
+        with_logprobs = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False,
+                                        logprobs=workload["num_logprobs"]) for n in workload["output_lens"]]
+        checked = llm.generate(prompts, with_logprobs, use_tqdm=False)
+        result["check_tokens"] = [list(o.outputs[0].token_ids) for o in checked]
+        result["check_logprobs"] = [[[[t, lp.logprob] for t, lp in position.items()] for position in o.outputs[0].logprobs]
+                                    for o in checked]
+    return result
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ first difference each engine's token is among the other's top `num_logprobs` can
 In bfloat16 greedy sequences of two correct implementations part ways wherever the top two
 logits lie within rounding of each other (Hugging Face's and vLLM's own bf16 OPT do too: see
 docs/ARCHITECTURE.md, CPU path), so bf16 is judged by closeness; float32 by identity. The
-log-probabilities come from each engine's warm-up run; the timed run asks for none, and each
-engine's timed tokens must equal its warm-up tokens. jpaged runs attention_backend "auto": on CPU the native
-attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths, and with it the
+log-probabilities come from one more, untimed pass of each engine in the first round (asking for
+them compiles other code in jpaged's sampler, so the warm-up and timed passes stay alike), and
+that pass's tokens must equal the timed ones. jpaged runs attention_backend "auto": on CPU the
+native attention kernel where it builds (pallas_kernels.native_cpu), else the XLA paths, and with it the
 native dense kernel over packed weights (pallas_kernels.native_dense_cpu); each jpaged run
 records both.
 
@@ -68,7 +69,7 @@ class CpuVsVllmConfig:
     jpaged_block_size: int = 16
     vllm_block_size: int = 32  # vLLM's CPU attention takes multiples of 32 only
     rounds: int = 2  # A B pairs per condition
-    num_logprobs: int = 5  # top candidates per token in the warm-up runs, for the closeness check
+    num_logprobs: int = 5  # top candidates per token in the first round's checking pass (closeness)
     vllm_python: str = "/work/vllm-venv/bin/python"  # interpreter of vLLM's own virtual environment
     output: str = "results/cpu_vs_vllm.json"
 
@@ -118,8 +119,9 @@ def write_hf_dir(directory: Path, name: str, seed: int) -> Path:
 
 
 def run_jpaged(workload: dict) -> dict:
-    """Serves `workload` twice with LLMEngine in this process: the first run (warm-up, it compiles)
-    with the top `num_logprobs` log-probabilities of every token, the second timed and without."""
+    """Serves `workload` twice alike with LLMEngine in this process (a warm-up that compiles, then
+    the timed run), then, if `num_logprobs` > 0, once more untimed with the top `num_logprobs`
+    log-probabilities of every token."""
     from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from jpaged.engine import LLMEngine
     from jpaged.executors.jax import JaxExecutor
@@ -136,18 +138,20 @@ def run_jpaged(workload: dict) -> dict:
                                   max_num_batched_tokens=workload["max_num_batched_tokens"]))
     executor = JaxExecutor(config)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in workload["output_lens"]]
-    with_logprobs = [SamplingParams(max_tokens=n, ignore_eos=True, logprobs=workload["num_logprobs"])
-                     for n in workload["output_lens"]]
-    warm = LLMEngine(config, executor=executor).generate(workload["prompts"], with_logprobs)
+    LLMEngine(config, executor=executor).generate(workload["prompts"], params)  # warm-up: compiles
     engine = LLMEngine(config, executor=executor)
     start_wall, start_cpu = time.perf_counter(), tree_cpu_seconds()
     outputs = engine.generate(workload["prompts"], params)
     wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
-    return {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
-            "engine": "jpaged", "attention_backend": executor.runner.backend,
-            "native_dense": executor.runner.native_dense,
-            "warmup_tokens": [list(o.output_token_ids[0]) for o in warm],
-            "warmup_logprobs": [[list(position.items()) for position in o.outputs[0].logprobs] for o in warm]}
+    result = {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
+              "engine": "jpaged", "attention_backend": executor.runner.backend,
+              "native_dense": executor.runner.native_dense}
+    if workload["num_logprobs"]:
+        with_logprobs = [dataclasses.replace(p, logprobs=workload["num_logprobs"]) for p in params]
+        checked = LLMEngine(config, executor=executor).generate(workload["prompts"], with_logprobs)
+        result["check_tokens"] = [list(o.output_token_ids[0]) for o in checked]
+        result["check_logprobs"] = [[list(position.items()) for position in o.outputs[0].logprobs] for o in checked]
+    return result
 
 
 def logprobs_close(tokens_a: list[int], logprobs_a: list, tokens_b: list[int], logprobs_b: list) -> bool:
@@ -210,10 +214,11 @@ def _summary(runs: dict[str, list[dict]], output_tokens: int) -> dict:
         first_j, first_v = pairs[0]
         out["identical_requests"] = sum(a == b for a, b in zip(first_j["tokens"], first_v["tokens"]))
         out["close_requests"] = sum(logprobs_close(*args) for args in zip(
-            first_j["warmup_tokens"], first_j["warmup_logprobs"], first_v["warmup_tokens"], first_v["warmup_logprobs"]))
-    for engine, engine_runs in runs.items():  # every timed run: the tokens of the first, and of its own warm-up
-        out[f"{engine}_deterministic"] = all(r["tokens"] == engine_runs[0]["tokens"] == r["warmup_tokens"]
-                                             for r in engine_runs)
+            first_j["check_tokens"], first_j["check_logprobs"], first_v["check_tokens"], first_v["check_logprobs"]))
+    for engine, engine_runs in runs.items():  # every timed run gave the first's tokens, and so did the checking pass
+        out[f"{engine}_deterministic"] = (all(r["tokens"] == engine_runs[0]["tokens"] for r in engine_runs)
+                                          and engine_runs[0].get("check_tokens", engine_runs[0]["tokens"])
+                                          == engine_runs[0]["tokens"])
     return out
 
 
@@ -245,7 +250,7 @@ def run(config: CpuVsVllmConfig) -> dict:
                                     else config.vllm_block_size, "max_num_seqs": config.max_num_seqs,
                                     "max_model_len": config.max_model_len, "seed": config.seed,
                                     "max_num_batched_tokens": config.max_num_batched_tokens,
-                                    "num_logprobs": config.num_logprobs}
+                                    "num_logprobs": config.num_logprobs if round_index == 0 else 0}
                         result = _run_fresh(engine, workload, config.vllm_python, tmp)
                         runs[engine].append(result)
                         print(f"{dtype:<9} kv {kv_slots:<5} round {round_index} {engine:<6} "
@@ -257,8 +262,8 @@ def run(config: CpuVsVllmConfig) -> dict:
                 request_0 = {e: runs[e][0]["tokens"][0][:16] for e in engines}  # a sample to eyeball
                 for engine_runs in runs.values():
                     for r in engine_runs:
-                        for key in ("tokens", "warmup_tokens", "warmup_logprobs"):
-                            del r[key]
+                        for key in ("tokens", "check_tokens", "check_logprobs"):
+                            r.pop(key, None)
                 conditions.append({"dtype": dtype, "kv_slots": kv_slots, "summary": summary, "runs": runs,
                                    "request_0_first_tokens": request_0})
                 result = {"model": config.model, "output_tokens": output_tokens, "num_requests": config.num_requests,
