@@ -80,17 +80,16 @@ struct Gemm {
   int64_t m, k, n, panels;  // k: x's row length (bf16: Kp, a multiple of 32)
 };
 
-// One row of one panel (+ bias) into out, columns past N dropped: values holds columns [col, col + 16).
-inline void StoreRow(const Gemm& g, const float* values, int64_t row, int64_t col) {
+// One row of one panel (+ bias) into out, columns past N dropped: values (a scratch copy, the bias
+// is added in place) holds columns [col, col + 16).
+inline void StoreRow(const Gemm& g, float* values, int64_t row, int64_t col) {
   const int64_t width = std::min<int64_t>(kLanes, g.n - col);
-  float sum[kLanes];
-  std::memcpy(sum, values, sizeof(sum));
   if (g.bias != nullptr) {
     float bias[kLanes] = {};
     std::memcpy(bias, g.bias + col, width * sizeof(float));
-    for (int j = 0; j < kLanes; ++j) sum[j] += bias[j];  // a fixed 16: one or two vector adds
+    for (int j = 0; j < kLanes; ++j) values[j] += bias[j];  // a fixed 16: one or two vector adds
   }
-  std::memcpy(g.out + row * g.n + col, sum, width * sizeof(float));
+  std::memcpy(g.out + row * g.n + col, values, width * sizeof(float));
 }
 
 // acc[r][p * kHalves + h]: row r, panel p, columns [h * kVecLanes, + kVecLanes) of the panel.
