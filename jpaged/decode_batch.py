@@ -2,11 +2,13 @@
 
 In the steady state of serving, step after step the same sequences each decode one token. What
 every such step needs that depends only on *which* sequences run is computed once, when the set
-changes (an admission, preemption, swap, fork or finish), instead of once per step: the
-sequences' block-table rows, the union of their stop tokens, and how many more steps the batch
-can take before any sequence reaches its length limit. With that, a step's stop checks are one
-set test for the whole batch unless a limit is near (vLLM v1 keeps a persistent batch for the
-same reason). Pure Python + numpy: no jax import.
+changes (an admission, swap, fork or a prompt's last chunk), instead of once per step: the
+sequences' block-table rows, the union of their stop tokens, and the step at which each
+sequence reaches its length limit. With that, a step's stop checks are one set test for the
+whole batch plus the rows known to reach their limit, and its input ids are the tokens the
+previous step sampled. A preemption or a finish only removes sequences: the batch and its
+cursor are cut (`kept`), not rebuilt (vLLM v1 keeps a persistent batch for the same reason).
+Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jpaged.sequence import Sequence
+from jpaged.sequence import Sequence, SequenceStatus
 from jpaged.step_plan import bucket
 
 if TYPE_CHECKING:
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
 class DecodeBatch:
     """Decoding sequences, FCFS, with what their steps share (see the module docstring)."""
 
-    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "cursor",
-                 "_steps_before_limit")
+    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "cursor", "_sampled",
+                 "_sampled_step", "_steps_to_limit", "_steps_before_limit")
 
     def __init__(self, seqs: list[Sequence], rows: np.ndarray):
         self.seqs = seqs
@@ -39,26 +41,56 @@ class DecodeBatch:
         groups = [s.group for s in seqs]
         self.stop_tokens: frozenset[int] = frozenset().union(*[g.stop_set for g in groups])
         self.num_steps = 0  # decode steps scheduled for this batch so far
-        # Each step appends one token to every sequence, so the first length stop is the step
-        # that brings the sequence with the fewest tokens left to its limit. (operator.sub: the
-        # slot wrapper int.__sub__ costs five times more per call.)
-        self._steps_before_limit = min(map(operator.sub, [g.max_total_len for g in groups], map(len, self.token_lists)),
-                                       default=0)
+        # Each step appends one token to every sequence, so sequence i reaches its length limit
+        # with the token of step `_steps_to_limit[i]` (i64[n]), and the first length stop is the
+        # smallest. (operator.sub: the slot wrapper int.__sub__ costs five times more per call.)
+        self._steps_to_limit = np.fromiter(map(operator.sub, [g.max_total_len for g in groups],
+                                               map(len, self.token_lists)), np.int64, len(seqs))
+        self._steps_before_limit = int(self._steps_to_limit.min()) if len(seqs) else 0
         # The KV manager's decode cursor over the rows (made at the first step that uses it; the
         # scheduler drops it when the rows get slots another way).
         self.cursor = None
+        # [n] the tokens sampled by the batch's step `_sampled_step` (see `sampled`).
+        self._sampled: list[int] | None = None
+        self._sampled_step = -1
 
     def without_last(self, count: int) -> DecodeBatch:
-        """The batch less its last `count` sequences (a preempted group), same step count. Its stop
-        tokens and length limit stay those of the larger batch: a superset of the stop tokens and
-        an earlier limit only send more steps through the exact per-row checks. Its cursor is
-        this one's, cut."""
+        """The batch less its last `count` sequences (a preempted group); see `kept` (here by slices)."""
+        m = len(self.seqs) - count
         kept = DecodeBatch.__new__(DecodeBatch)
-        kept.seqs, kept.token_lists, kept.rows = self.seqs[:-count], self.token_lists[:-count], self.rows[:-count]
+        kept.seqs, kept.token_lists, kept.rows = self.seqs[:m], self.token_lists[:m], self.rows[:m]
         kept.padded_rows = _padded(kept.rows)
         kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
-        kept._steps_before_limit = self._steps_before_limit
-        kept.cursor = None if self.cursor is None else self.cursor.without_last(count, kept.padded_rows)
+        kept._steps_to_limit = self._steps_to_limit[:m]
+        kept._steps_before_limit = int(kept._steps_to_limit.min()) if m else 0
+        kept.cursor = None if self.cursor is None else self.cursor.kept(slice(m), kept.padded_rows)
+        kept._sampled = None if self._sampled is None else self._sampled[:m]
+        kept._sampled_step = self._sampled_step
+        return kept
+
+    def still_running(self) -> DecodeBatch:
+        """The batch less the sequences that are no longer running (finished); see `kept`."""
+        running = SequenceStatus.RUNNING
+        keep = [i for i, seq in enumerate(self.seqs) if seq.status is running]
+        return self if len(keep) == len(self.seqs) else self.kept(keep)
+
+    def kept(self, keep: list[int]) -> DecodeBatch:
+        """The batch of its sequences `keep` (batch indices, ascending), same step count, so that a
+        change that only removes sequences rebuilds nothing. Its stop tokens stay those of the
+        larger batch (a superset only sends more steps through the exact per-row checks); its
+        cursor is this one's, cut."""
+        index = np.array(keep, np.int64)
+        kept = DecodeBatch.__new__(DecodeBatch)
+        kept.seqs = [self.seqs[i] for i in keep]
+        kept.token_lists = [self.token_lists[i] for i in keep]
+        kept.rows = self.rows[index]
+        kept.padded_rows = _padded(kept.rows)
+        kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
+        kept._steps_to_limit = self._steps_to_limit[index]
+        kept._steps_before_limit = int(kept._steps_to_limit.min()) if keep else 0
+        kept.cursor = None if self.cursor is None else self.cursor.kept(index, kept.padded_rows)
+        kept._sampled = None if self._sampled is None else [self._sampled[i] for i in keep]
+        kept._sampled_step = self._sampled_step
         return kept
 
     def step(self, kv: KVCacheManager) -> tuple[np.ndarray, np.ndarray] | None:
@@ -78,11 +110,23 @@ class DecodeBatch:
         self.num_steps += 1
         self.cursor = None
 
-    @property
-    def stops_only_by_token(self) -> bool:
-        """True when no sequence reaches its length limit with the token the current step samples:
-        then only sampling one of `stop_tokens` can end a sequence."""
-        return self.num_steps < self._steps_before_limit
+    def sampled(self, tokens: list[int]) -> None:
+        """Records the tokens the current step sampled, one per sequence, all appended."""
+        self._sampled, self._sampled_step = tokens, self.num_steps
+
+    def last_tokens(self) -> list[int] | None:
+        """[n] each sequence's last token, when the previous step recorded them (`sampled`): the
+        next step's input ids without a pass over the token lists. None otherwise (then read
+        `token_lists`): every step counts in `num_steps`, so a record is never stale."""
+        return self._sampled if self._sampled_step == self.num_steps - 1 else None
+
+    def length_stops(self) -> list[int]:
+        """Batch indices of the sequences that reach their length limit with the token the current
+        step samples (usually none): every other sequence can end only by sampling one of
+        `stop_tokens`."""
+        if self.num_steps < self._steps_before_limit:
+            return []
+        return (self._steps_to_limit <= self.num_steps).nonzero()[0].tolist()
 
 
 def _padded(rows: np.ndarray) -> np.ndarray:

@@ -9,8 +9,9 @@ blocks for the rows that cross on the steps where some do. `AppendCursor` is the
 generic form over any `KVCacheManager.append_slots` (the contiguous baselines use it).
 
 A cursor is valid while its rows get slots only through it: it is cut with its batch when the
-latest-arrived group is preempted (`without_last`), and the scheduler drops it when the running
-set changes otherwise or the rows get slots another way (chunks in the same step, forks). It
+latest-arrived group is preempted or sequences finish (`kept`), and the scheduler drops it when
+the running set changes otherwise or the rows get slots another way (chunks in the same step,
+forks). It
 never writes into a shared block: the batch has no forked sequences, and prefix-cache sharing
 covers whole blocks only. Pure numpy: no jax import.
 """
@@ -50,9 +51,10 @@ class AppendCursor:
     def __init__(self, kv: KVCacheManager, rows: np.ndarray, padded_rows: np.ndarray):
         self.kv, self.rows, self.padded_rows = kv, rows, padded_rows
 
-    def without_last(self, count: int, padded_rows: np.ndarray) -> AppendCursor:
-        """The cursor of the batch less its last `count` rows, padded to `padded_rows`."""
-        return AppendCursor(self.kv, self.rows[:-count], padded_rows)
+    def kept(self, keep: np.ndarray | slice, padded_rows: np.ndarray) -> AppendCursor:
+        """The cursor of the batch's rows `keep` (i64[m] batch indices, ascending, or a slice), padded
+        to `padded_rows`."""
+        return AppendCursor(self.kv, self.rows[keep], padded_rows)
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more
@@ -101,19 +103,20 @@ class PagedDecodeCursor:
         width = _table_width(kv, self._blocks_in_use)
         self._tables = np.ascontiguousarray(kv.block_tables.take(padded_rows, axis=0)[:, :width])  # i32[S, M]
 
-    def without_last(self, count: int, padded_rows: np.ndarray) -> PagedDecodeCursor:
-        """The cursor of the batch less its last `count` rows (a preempted group), padded to
-        `padded_rows`: the same arrays, cut."""
-        m, size = len(self.rows) - count, len(padded_rows)
+    def kept(self, keep: np.ndarray | slice, padded_rows: np.ndarray) -> PagedDecodeCursor:
+        """The cursor of the batch's rows `keep` (i64[m] batch indices, ascending, or a slice: the
+        batch less a preempted group, or less finished sequences), padded to `padded_rows`: the
+        same arrays, cut. (Fewer rows cross a boundary no sooner: the steps to the next one hold.)"""
         kept = PagedDecodeCursor.__new__(PagedDecodeCursor)
-        kept.kv, kept.rows, kept.padded_rows, kept._until = self.kv, self.rows[:m], padded_rows, self._until
+        kept.kv, kept.rows, kept.padded_rows, kept._until = self.kv, self.rows[keep], padded_rows, self._until
+        m, size = len(kept.rows), len(padded_rows)
         kept._state = np.zeros((3, size), np.int32)
-        kept._state[:, :m] = self._state[:, :m]
+        kept._state[:, :m] = self._state[:, keep]
         kept._blocks_in_use = int(kept._state[0, :m].max()) // self.kv.block_size + 1 if m else 1
         width = _table_width(self.kv, kept._blocks_in_use)
         kept._tables = np.zeros((size, width), np.int32)
         width = min(width, self._tables.shape[1])  # wider: the crossing row's block is not open yet
-        kept._tables[:m, :width] = self._tables[:m, :width]
+        kept._tables[:m, :width] = self._tables[keep, :width]
         return kept
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:

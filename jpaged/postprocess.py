@@ -45,14 +45,18 @@ class Postprocessor:
             for group in rows.first_token_groups:
                 group.first_token_time = now
             if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(tokens):
-                # The steady state: no row reaches its length limit or samples a stop token, so
-                # the tokens are appended as they come.
+                # The steady state: no row samples a stop token, so the tokens are appended as
+                # they come, and only the rows known to reach their length limit end.
                 lists = rows.token_lists if rows.token_lists is not None else [s.token_ids for s in rows.seqs]
                 for ids, token in zip(lists, tokens):
                     ids.append(token)
+                if rows.decode_batch is not None:
+                    rows.decode_batch.sampled(tokens)  # the next step's input ids
                 if logprobs is not None:
                     for seq, logprob in zip(rows.seqs, logprobs):
                         seq.cumulative_logprob += logprob
+                for r in rows.length_stops:
+                    self._end_seq(rows.seqs[r], False, now)
             elif rows.is_plain:
                 if self.num_logprobs and logprobs is not None:
                     self._record_logprobs(rows.seqs, range(len(tokens)), tokens, logprobs, result)
@@ -137,15 +141,20 @@ class Postprocessor:
             group = seq.group
             if len(ids) < group.max_total_len and token not in group.stop_set:
                 continue
-            if group.finish_time is not None:  # it failed earlier in this step
-                continue
-            stopped = token in group.stop_set
-            try:  # reached once per sequence, not per token: the loop above stays bare
-                self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED if stopped else SequenceStatus.FINISHED_LENGTH)
-                if group.is_finished:
-                    self.finish_group(group, now)
-            except Exception as exc:
-                self.fail_group(group, now, f"finishing failed: {describe(exc)}")
+            self._end_seq(seq, token in group.stop_set, now)  # reached once per sequence, not per token
+
+    def _end_seq(self, seq: Sequence, stopped: bool, now: float) -> None:
+        """Ends a sequence that sampled a stop token (`stopped`) or reached its length limit, and its
+        request when it was the last live one."""
+        group = seq.group
+        if group.finish_time is not None:  # it failed earlier in this step
+            return
+        try:
+            self._finish_seq(seq, SequenceStatus.FINISHED_STOPPED if stopped else SequenceStatus.FINISHED_LENGTH)
+            if group.is_finished:
+                self.finish_group(group, now)
+        except Exception as exc:
+            self.fail_group(group, now, f"finishing failed: {describe(exc)}")
 
     def _beam_step(self, beams: list[Sequence], top_ids, top_logprobs, now: float) -> None:
         """One beam-search step of a group: candidates ranked, beams forked or dropped, hypotheses kept."""

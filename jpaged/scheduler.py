@@ -74,8 +74,10 @@ class Scheduler:
         # (a recomputed group's sequences join as they reach their shared prefix), by arrival.
         self._partial: list[SequenceGroup] = []
         # Decoding sequences of the other running groups and their rows, rebuilt only when the
-        # running set changes (admission, preemption, swap-in, fork, finish), not every step.
+        # running set grows or changes shape (admission, swap-in, fork, a prompt's last chunk), not
+        # every step; a preemption or a finish cuts it (`_batch_thinned`: sequences finished since).
         self._batch: DecodeBatch | None = None
+        self._batch_thinned = False
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         # The max_num_seqs budget counts each running group at its width (n samples or beams), so
         # a fresh group's later forks and a beam step's churn never push a batch past the limit.
@@ -87,9 +89,10 @@ class Scheduler:
         self._rejected: list[tuple[SequenceGroup, str]] = []
         self._held_back = False  # this step's admission stopped for lack of blocks
         # Admission of the queue's head is retried every step; while nothing it depends on has
-        # changed since it was held back, the retry is skipped (the key of that attempt).
-        self._held_back_key: tuple | None = None
-        self._held_back_free = 0  # free blocks when it was held back (fewer cannot be enough)
+        # changed since it was held back, the retry is skipped (see _admit). The attempt's
+        # group, block events, running sequences, token budget left and free blocks:
+        self._held_back_at: tuple[SequenceGroup | None, int, int, int] = (None, -1, -1, -1)
+        self._held_back_free = 0  # (fewer free blocks cannot be enough)
         self._kv_events = 0  # frees, admissions, forks, swaps and cache inserts so far (see _admit)
         self._builder: PlanBuilder | None = None
         self._seq_ids = 0
@@ -122,7 +125,7 @@ class Scheduler:
     def free_seq(self, seq: Sequence) -> None:
         """Frees a finished (or dropped) sequence's blocks; with prefix caching they stay cached."""
         self._release(seq)
-        self._batch = None
+        self._batch_thinned = True  # (the batch drops it at the next step: `_running_batch`)
         self._touched.append(seq.group)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
@@ -136,7 +139,7 @@ class Scheduler:
         if self._touched:
             for group in {id(g): g for g in self._touched}.values():
                 if group.is_finished and group in self.running:
-                    self._leave_running(group)
+                    self._leave_running(group, batch_holds=True)
             self._touched.clear()
 
     def _release(self, seq: Sequence) -> None:
@@ -159,13 +162,17 @@ class Scheduler:
         self._num_multi_running += not group.is_single
         self._batch = None
 
-    def _leave_running(self, group: SequenceGroup) -> None:
+    def _leave_running(self, group: SequenceGroup, batch_holds: bool = False) -> None:
+        """`batch_holds`: the group's sequences all finished (`free_seq`), so the running batch
+        stays valid less them."""
         self.running.remove(group)
         if group in self._partial:
             self._partial.remove(group)
+            batch_holds = False
         self._num_running_seqs -= group.width
         self._num_multi_running -= not group.is_single
-        self._batch = None
+        if not batch_holds:
+            self._batch = None
 
     # ------------------------------------------------------------------ scheduling
 
@@ -362,11 +369,12 @@ class Scheduler:
             if self._num_running_seqs + group.width > self.config.max_num_seqs:
                 break
             # What a held-back admission of the group depends on besides the free blocks (fewer of
-            # which cannot help): the group and its length, every block event since (frees,
-            # admissions, forks, swaps, cache inserts), the headroom rule and both budgets.
-            key = (id(group), len(group.seqs[0].token_ids), self._kv_events, bool(self.running),
-                   self._num_running_seqs, budget[0])
-            if key == self._held_back_key and bm.num_free_blocks <= self._held_back_free:
+            # which cannot help): the group, every block event since (frees, admissions, forks,
+            # swaps, cache inserts: the group's length, its prefix hits and the running set change
+            # only with one), the running sequences (headroom, max_num_seqs) and the token budget.
+            held_group, events, num_running, tokens_left = self._held_back_at
+            if (group is held_group and self._kv_events == events and self._num_running_seqs == num_running
+                    and budget[0] == tokens_left and bm.num_free_blocks <= self._held_back_free):
                 self._held_back = True  # nothing changed since it was held back but fewer free blocks
                 break
             seqs = group.live_seqs() if not group.is_single else group.seqs
@@ -406,7 +414,8 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER:
                 self._held_back = True
-                self._held_back_key, self._held_back_free = key, bm.num_free_blocks
+                self._held_back_at = (group, self._kv_events, self._num_running_seqs, budget[0])
+                self._held_back_free = bm.num_free_blocks
                 break
             self.waiting.popleft()
             self._kv_events += 1
@@ -502,6 +511,9 @@ class Scheduler:
     def _running_batch(self) -> DecodeBatch:
         """Decoding sequences of the running groups (partial ones excluded), FCFS, and their
         block-table rows (cached until the running set changes)."""
+        if self._batch is not None and self._batch_thinned:
+            self._batch = self._batch.still_running()
+        self._batch_thinned = False
         if self._batch is None:
             if not self._partial and self._num_multi_running == 0:  # one running sequence per group
                 seqs = [g.seqs[0] for g in self.running]

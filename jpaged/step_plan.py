@@ -89,10 +89,13 @@ class SampleRows:
     num_top: int  # top candidates per row (2 x the widest beam); 0 without beams
     is_plain: bool  # one row per sequence, no beams, no forks: tokens are appended as they come
     first_token_groups: list  # requests whose first output token this step samples
-    # Set when no row reaches its length limit with this step's token: then a row can only end by
-    # sampling one of these tokens (the stop checks test the batch at once). None: check each row.
+    # Set when the rows' ends are known but for stop tokens: a row ends by sampling one of these
+    # tokens, or by reaching its length limit exactly when it is in `length_stops` (the stop
+    # checks then test the batch at once). None: check each row.
     stop_tokens: frozenset[int] | None = None
     token_lists: list[list[int]] | None = None  # [R] each row's `seq.token_ids`, when the running batch has them
+    length_stops: list[int] = dataclasses.field(default_factory=list)  # rows this step's token brings to their length limit
+    decode_batch: DecodeBatch | None = None  # the running batch when the rows are its sequences, in order
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -220,10 +223,14 @@ class PlanBuilder:
         seqs = batch.seqs
         n, size = len(seqs), state.shape[1]
         token_ids = np.zeros(size, np.int32)
-        token_ids[:n] = np.fromiter(map(_last, batch.token_lists), np.int32, n)  # (a list's setitem is slower)
+        last_tokens = batch.last_tokens()
+        if last_tokens is not None:
+            token_ids[:n] = last_tokens
+        else:  # (fromiter beats a list comprehension's setitem here)
+            token_ids[:n] = np.fromiter(map(_last, batch.token_lists), np.int32, n)
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [],
-                              batch.stop_tokens if batch.stops_only_by_token else None, batch.token_lists)
+        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, batch.token_lists,
+                              batch.length_stops(), batch)
         return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables,
                         logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)
 

@@ -1,6 +1,7 @@
 """The persistent decode batch (jpaged.decode_batch) is an optimisation only: whenever a step skips
-the per-row stop checks, no row could have stopped, the table width is the one its contexts need,
-and every request ends exactly as it does with the per-row checks on every step."""
+the per-row stop checks, no row could have stopped but those it names as reaching their length
+limit, the table width is the one its contexts need, and every request ends exactly as it does
+with the per-row checks on every step."""
 
 import zlib
 
@@ -42,6 +43,8 @@ class CheckSkippedStops(EngineObserver):
 
     def __init__(self):
         self.num_skipping_steps = 0
+        self.num_length_stops = 0  # rows those steps ended by length
+        self.num_batch_steps = 0  # steps that ran the kept running batch as it was
 
     def on_step_executed(self, engine, out, result, start, end):
         plan = out.plan
@@ -50,11 +53,22 @@ class CheckSkippedStops(EngineObserver):
             longest = int(plan.context_lens[: plan.num_seqs].max())
             assert plan.block_tables.shape[1] == min(bucket(-(-longest // bm.block_size)), bm.max_blocks_per_seq)
         rows = plan.sampling
+        if rows is not None and rows.decode_batch is not None:  # the kept batch is what a rebuild would give
+            scheduler = engine.scheduler
+            fresh = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()]
+            assert rows.decode_batch.seqs == fresh == rows.seqs
+            np.testing.assert_array_equal(rows.decode_batch.rows, bm.rows_of([s.seq_id for s in fresh]))
+            np.testing.assert_array_equal(plan.token_ids[: plan.num_seqs], [s.token_ids[-1] for s in fresh])
+            self.num_batch_steps += 1
         if rows is None or rows.stop_tokens is None:
             return
         self.num_skipping_steps += 1
-        for seq in rows.seqs:
-            assert len(seq.token_ids) + 1 < seq.group.max_total_len  # this step's token cannot end it by length
+        self.num_length_stops += len(rows.length_stops)
+        for r, seq in enumerate(rows.seqs):
+            if r in rows.length_stops:  # this step's token ends it by length
+                assert len(seq.token_ids) + 1 == seq.group.max_total_len
+            else:  # this step's token cannot end it by length
+                assert len(seq.token_ids) + 1 < seq.group.max_total_len
             assert seq.group.stop_set <= rows.stop_tokens
 
 
@@ -71,7 +85,8 @@ def serve(policy, mode, block_size, num_blocks, observer=None):
     for i in range(24):
         prompt = rng.integers(4, VOCAB, int(rng.integers(2, 30))).tolist()
         params = SamplingParams(max_tokens=int(rng.integers(1, 50)), ignore_eos=bool(i % 3 == 0),
-                                stop_token_ids=(5,) if i % 4 == 1 else ())
+                                stop_token_ids=(5,) if i % 4 == 1 else (), n=2 if i % 5 == 2 else 1,
+                                temperature=1.0, seed=i)
         engine.add_request(f"r{i}", prompt, params, arrival_time=0.0)
     outputs = {}
     for _ in range(5000):
@@ -90,6 +105,12 @@ def serve(policy, mode, block_size, num_blocks, observer=None):
 def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks, monkeypatch):
     observer = CheckSkippedStops()
     fast = serve(policy, mode, block_size, num_blocks, observer)
-    assert observer.num_skipping_steps > 0
-    monkeypatch.setattr(DecodeBatch, "stops_only_by_token", property(lambda self: False))
+    assert observer.num_skipping_steps > 0 and observer.num_length_stops > 0 and observer.num_batch_steps > 0
+    init = DecodeBatch.__init__
+
+    def without_batch_stops(self, seqs, rows):  # every step through the per-row checks
+        init(self, seqs, rows)
+        self.stop_tokens = None
+
+    monkeypatch.setattr(DecodeBatch, "__init__", without_batch_stops)
     assert serve(policy, mode, block_size, num_blocks) == fast

@@ -2,7 +2,7 @@
 
 Both cursors must hand out the same arrays step after step (positions, slots, context lengths,
 block tables, padding zero) and leave the managers in the same state, through block boundaries,
-a trimmed batch (a preempted tail) and a pool that runs dry (None, nothing changed).
+a trimmed batch (a preempted tail, finished rows) and a pool that runs dry (None, nothing changed).
 """
 
 from __future__ import annotations
@@ -44,18 +44,19 @@ def _assert_same_step(paged, generic):
 @settings(max_examples=150, deadline=None)
 @given(block_size=st.sampled_from([1, 2, 3, 4, 16]),
        lengths=st.lists(st.integers(1, 40), min_size=1, max_size=9),
-       steps=st.integers(1, 40), trim_at=st.integers(0, 40), trim=st.integers(0, 8),
+       steps=st.integers(1, 40), trim_at=st.integers(0, 40), dropped=st.sets(st.integers(0, 8)),
        spare=st.integers(0, 30), prefix_caching=st.booleans())
-def test_paged_cursor_matches_append_slots(block_size, lengths, steps, trim_at, trim, spare, prefix_caching):
+def test_paged_cursor_matches_append_slots(block_size, lengths, steps, trim_at, dropped, spare, prefix_caching):
     need = sum(-(-n // block_size) for n in lengths)
     (paged_bm, generic_bm), (rows, _) = _twins(block_size, need + spare + 4, lengths, prefix_caching)
     padded = _padded(rows)
     paged, generic = PagedDecodeCursor(paged_bm, rows, padded), AppendCursor(generic_bm, rows, padded)
     for step in range(steps):
-        if step == trim_at and 0 < trim < len(rows):  # the batch's last rows are preempted
-            rows = rows[:-trim]
+        keep = np.array([i for i in range(len(rows)) if i not in dropped], np.int64)
+        if step == trim_at and 0 < len(keep) < len(rows):  # rows leave (a preempted tail, finished ones)
+            rows = rows[keep]
             padded = _padded(rows)
-            paged, generic = paged.without_last(trim, padded), generic.without_last(trim, padded)
+            paged, generic = paged.kept(keep, padded), generic.kept(keep, padded)
         before = _manager_state(paged_bm)
         got, want = paged.step(), generic.step()
         _assert_same_step(got, want)
@@ -88,7 +89,7 @@ def test_trimmed_cursor_widens_for_a_row_about_to_open_a_block():
     paged, generic = PagedDecodeCursor(paged_bm, rows, _padded(rows)), AppendCursor(generic_bm, rows, _padded(rows))
     _assert_same_step(paged.step(), generic.step())
     assert paged._tables.shape[1] == 8  # (bucketed to the 8 blocks it used so far)
-    kept = _padded(rows[:1])
-    paged, generic = paged.without_last(1, kept), generic.without_last(1, kept)
+    kept, keep = _padded(rows[:1]), np.array([0], np.int64)
+    paged, generic = paged.kept(keep, kept), generic.kept(keep, kept)
     for _ in range(3):
         _assert_same_step(paged.step(), generic.step())
