@@ -11,9 +11,8 @@ generic form over any `KVCacheManager.append_slots` (the contiguous baselines us
 A cursor is valid while its rows get slots only through it: it is cut with its batch when the
 latest-arrived group is preempted or sequences finish (`kept`), and the scheduler drops it when
 the running set changes otherwise or the rows get slots another way (chunks in the same step,
-forks). It
-never writes into a shared block: the batch has no forked sequences, and prefix-cache sharing
-covers whole blocks only. Pure numpy: no jax import.
+forks). It never writes into a shared block: the batch has no forked sequences, and prefix-cache
+sharing covers whole blocks only. Pure numpy: no jax import.
 """
 
 from __future__ import annotations
