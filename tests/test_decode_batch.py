@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
-from jpaged.decode_batch import DecodeBatch
 from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.executors.base import ModelOutput
 from jpaged.sequence import SamplingParams
-from jpaged.step_plan import bucket
+from jpaged.step_plan import PlanBuilder, bucket
 
 VOCAB = 40
 
@@ -59,6 +58,16 @@ class CheckSkippedStops(EngineObserver):
             assert rows.decode_batch.seqs == fresh == rows.seqs
             np.testing.assert_array_equal(rows.decode_batch.rows, bm.rows_of([s.seq_id for s in fresh]))
             np.testing.assert_array_equal(plan.token_ids[: plan.num_seqs], [s.token_ids[-1] for s in fresh])
+            # ... and the cursor's arrays are the block manager's truth after the step's slots
+            n, rows_of = plan.num_seqs, bm.rows_of([s.seq_id for s in fresh])
+            ends = bm.num_tokens[rows_of]
+            np.testing.assert_array_equal(plan.context_lens[:n], ends)
+            np.testing.assert_array_equal(plan.positions[:n], ends - 1)
+            blocks = bm.block_tables[rows_of, (ends - 1) // bm.block_size]
+            np.testing.assert_array_equal(plan.slot_mapping[:n], blocks * bm.block_size + (ends - 1) % bm.block_size)
+            width = plan.block_tables.shape[1]
+            np.testing.assert_array_equal(plan.block_tables[:n], bm.block_tables[rows_of, :width])
+            assert not plan.block_tables[n:].any() and not bm.block_tables[rows_of, width:].any()
             self.num_batch_steps += 1
         if rows is None or rows.stop_tokens is None:
             return
@@ -106,11 +115,12 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
     observer = CheckSkippedStops()
     fast = serve(policy, mode, block_size, num_blocks, observer)
     assert observer.num_skipping_steps > 0 and observer.num_length_stops > 0 and observer.num_batch_steps > 0
-    init = DecodeBatch.__init__
+    batch_plan = PlanBuilder._batch_plan
 
-    def without_batch_stops(self, seqs, rows):  # every step through the per-row checks
-        init(self, seqs, rows)
-        self.stop_tokens = None
+    def without_batch_stops(self, *args):  # every step through the per-row checks
+        plan = batch_plan(self, *args)
+        plan.sampling.stop_tokens = None
+        return plan
 
-    monkeypatch.setattr(DecodeBatch, "__init__", without_batch_stops)
+    monkeypatch.setattr(PlanBuilder, "_batch_plan", without_batch_stops)
     assert serve(policy, mode, block_size, num_blocks) == fast
