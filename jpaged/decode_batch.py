@@ -55,18 +55,8 @@ class DecodeBatch:
         self._sampled_step = -1
 
     def without_last(self, count: int) -> DecodeBatch:
-        """The batch less its last `count` sequences (a preempted group); see `kept` (here by slices)."""
-        m = len(self.seqs) - count
-        kept = DecodeBatch.__new__(DecodeBatch)
-        kept.seqs, kept.token_lists, kept.rows = self.seqs[:m], self.token_lists[:m], self.rows[:m]
-        kept.padded_rows = _padded(kept.rows)
-        kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
-        kept._steps_to_limit = self._steps_to_limit[:m]
-        kept._steps_before_limit = int(kept._steps_to_limit.min()) if m else 0
-        kept.cursor = None if self.cursor is None else self.cursor.kept(slice(m), kept.padded_rows)
-        kept._sampled = None if self._sampled is None else self._sampled[:m]
-        kept._sampled_step = self._sampled_step
-        return kept
+        """The batch less its last `count` sequences (a preempted group); see `kept`."""
+        return self.kept(slice(len(self.seqs) - count))
 
     def still_running(self) -> DecodeBatch:
         """The batch less the sequences that are no longer running (finished); see `kept`."""
@@ -74,22 +64,25 @@ class DecodeBatch:
         keep = [i for i, seq in enumerate(self.seqs) if seq.status is running]
         return self if len(keep) == len(self.seqs) else self.kept(keep)
 
-    def kept(self, keep: list[int]) -> DecodeBatch:
-        """The batch of its sequences `keep` (batch indices, ascending), same step count, so that a
-        change that only removes sequences rebuilds nothing. Its stop tokens stay those of the
-        larger batch (a superset only sends more steps through the exact per-row checks); its
-        cursor is this one's, cut."""
-        index = np.array(keep, np.int64)
+    def kept(self, keep: slice | list[int]) -> DecodeBatch:
+        """The batch of its sequences `keep` (a slice, or batch indices, ascending), same step
+        count, so that a change that only removes sequences rebuilds nothing. Its stop tokens stay
+        those of the larger batch (a superset only sends more steps through the exact per-row
+        checks); its cursor is this one's, cut. (A slice, the preemption case, cuts the lists
+        without a pass over them.)"""
+        index = keep if isinstance(keep, slice) else np.array(keep, np.int64)
+
+        def take(items: list) -> list:
+            return items[keep] if isinstance(keep, slice) else [items[i] for i in keep]
+
         kept = DecodeBatch.__new__(DecodeBatch)
-        kept.seqs = [self.seqs[i] for i in keep]
-        kept.token_lists = [self.token_lists[i] for i in keep]
-        kept.rows = self.rows[index]
+        kept.seqs, kept.token_lists, kept.rows = take(self.seqs), take(self.token_lists), self.rows[index]
         kept.padded_rows = _padded(kept.rows)
         kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
         kept._steps_to_limit = self._steps_to_limit[index]
-        kept._steps_before_limit = int(kept._steps_to_limit.min()) if keep else 0
+        kept._steps_before_limit = int(kept._steps_to_limit.min()) if kept.seqs else 0
         kept.cursor = None if self.cursor is None else self.cursor.kept(index, kept.padded_rows)
-        kept._sampled = None if self._sampled is None else [self._sampled[i] for i in keep]
+        kept._sampled = None if self._sampled is None else take(self._sampled)
         kept._sampled_step = self._sampled_step
         return kept
 
