@@ -391,9 +391,10 @@ class BlockManager:
             row_blocks[row] = index + 1
         return blocks
 
-    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> PagedDecodeCursor:
-        """A cursor giving `rows` (no forked siblings) one slot per step (see `decode_cursor`)."""
-        return PagedDecodeCursor(self, rows, padded_rows)
+    def decode_cursor(self, rows: list[int], capacity: int = 8) -> PagedDecodeCursor:
+        """A cursor giving `rows` (no forked siblings) one slot per step, with buffers for
+        `capacity` rows (see `decode_cursor`)."""
+        return PagedDecodeCursor(self, rows, capacity)
 
     def _copy_on_write(self, row: int, index: int, src: int) -> int:
         """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""

@@ -1,97 +1,129 @@
-"""The running batch of decoding sequences, kept between steps while the running set is unchanged.
+"""The running batch of decoding sequences, kept and edited in place from step to step.
 
 In the steady state of serving, step after step the same sequences each decode one token. What
-every such step needs that depends only on *which* sequences run is computed once, when the set
-changes (an admission, swap, fork or a prompt's last chunk), instead of once per step: the
-sequences' block-table rows, the union of their stop tokens, and the step at which each
-sequence reaches its length limit. With that, a step's stop checks are one set test for the
-whole batch plus the rows known to reach their limit, and its input ids are the tokens the
-previous step sampled. A preemption or a finish only removes sequences: the batch and its
-cursor are cut (`kept`), not rebuilt (vLLM v1 keeps a persistent batch for the same reason).
-Pure Python + numpy: no jax import.
+every such step needs that depends only on *which* sequences run is kept with the batch instead
+of recomputed per step: the sequences' block-table rows, the union of their stop tokens, and the
+step at which each sequence reaches its length limit. With that, a step's stop checks are one set
+test for the whole batch plus the rows known to reach their limit, and its input ids are the
+tokens the previous step sampled. The running set changes by events (an admission, a prompt's
+last chunk, a swap-in, a finish, a preemption), and each edits the batch and its cursor in place:
+`add` appends sequences, `discard` removes them, the last row moving into the hole (vLLM v1's
+persistent input batch condenses the same way), so rows are in no particular order. Only a fork
+rebuilds it. Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
 
-import operator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from jpaged.sequence import Sequence, SequenceStatus
+from jpaged.sequence import Sequence
 from jpaged.step_plan import bucket
 
 if TYPE_CHECKING:
     from jpaged.kv_manager import KVCacheManager
 
+_NEVER = np.iinfo(np.int64).max  # the length limit of an empty buffer entry
+
 
 class DecodeBatch:
-    """Decoding sequences, FCFS, with what their steps share (see the module docstring)."""
+    """Decoding sequences with what their steps share (see the module docstring)."""
 
-    __slots__ = ("seqs", "token_lists", "rows", "padded_rows", "stop_tokens", "num_steps", "cursor", "_sampled",
-                 "_sampled_step", "_steps_to_limit", "_steps_before_limit")
+    __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows", "_limits",
+                 "_next_limit", "_sampled", "_sampled_step")
 
-    def __init__(self, seqs: list[Sequence], rows: np.ndarray):
-        self.seqs = seqs
+    def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = (), capacity: int = 8):
+        """`capacity`: the rows the batch expects to hold at most (its buffers grow past it)."""
+        self.kv = kv
+        self.seqs: list[Sequence] = []  # [n] in batch order
         # Each sequence's token list (the same list object for its whole life): the step reads
         # and appends through these without per-row attribute lookups.
-        self.token_lists = [s.token_ids for s in seqs]
-        self.rows = rows  # i64[n] block-table row of each sequence
-        self.padded_rows = _padded(rows)  # i64[S] the rows, then reserved row 0 up to the step's padded size
-        groups = [s.group for s in seqs]
-        self.stop_tokens: frozenset[int] = frozenset().union(*[g.stop_set for g in groups])
+        self.token_lists: list[list[int]] = []
+        self.stop_tokens: frozenset[int] = frozenset()  # a superset of the sequences' stop tokens
         self.num_steps = 0  # decode steps scheduled for this batch so far
-        # Each step appends one token to every sequence, so sequence i reaches its length limit
-        # with the token of step `_steps_to_limit[i]` (i64[n]), and the first length stop is the
-        # smallest. (operator.sub: the slot wrapper int.__sub__ costs five times more per call.)
-        self._steps_to_limit = np.fromiter(map(operator.sub, [g.max_total_len for g in groups],
-                                               map(len, self.token_lists)), np.int64, len(seqs))
-        self._steps_before_limit = int(self._steps_to_limit.min()) if len(seqs) else 0
-        # The KV manager's decode cursor over the rows (made at the first step that uses it; the
-        # scheduler drops it when the rows get slots another way).
+        # The KV manager's decode cursor over the rows (made at the first step that uses it;
+        # dropped when the rows get slots another way: `advance`).
         self.cursor = None
+        self._index: dict[int, int] = {}  # seq id -> batch index
+        size = bucket(max(capacity, 8))
+        self._rows = np.zeros(size, np.int64)  # i64[C] block-table row of each sequence, then row 0
+        # i64[C] the step whose token brings each sequence to its length limit (each step appends
+        # one token to every sequence), and a lower bound of the first of them.
+        self._limits = np.full(size, _NEVER, np.int64)
+        self._next_limit = _NEVER
         # [n] the tokens sampled by the batch's step `_sampled_step` (see `sampled`).
         self._sampled: list[int] | None = None
         self._sampled_step = -1
+        self.add(seqs)
 
-    def without_last(self, count: int) -> DecodeBatch:
-        """The batch less its last `count` sequences (a preempted group); see `kept`."""
-        return self.kept(slice(len(self.seqs) - count))
+    def __len__(self) -> int:
+        return len(self.seqs)
 
-    def still_running(self) -> DecodeBatch:
-        """The batch less the sequences that are no longer running (finished); see `kept`."""
-        running = SequenceStatus.RUNNING
-        keep = [i for i, seq in enumerate(self.seqs) if seq.status is running]
-        return self if len(keep) == len(self.seqs) else self.kept(keep)
+    def __contains__(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._index
 
-    def kept(self, keep: slice | list[int]) -> DecodeBatch:
-        """The batch of its sequences `keep` (a slice, or batch indices, ascending), same step
-        count, so that a change that only removes sequences rebuilds nothing. Its stop tokens stay
-        those of the larger batch (a superset only sends more steps through the exact per-row
-        checks); its cursor is this one's, cut. (A slice, the preemption case, cuts the lists
-        without a pass over them.)"""
-        index = keep if isinstance(keep, slice) else np.array(keep, np.int64)
+    @property
+    def rows(self) -> np.ndarray:
+        """i64[n] block-table row of each sequence."""
+        return self._rows[: len(self.seqs)]
 
-        def take(items: list) -> list:
-            return items[keep] if isinstance(keep, slice) else [items[i] for i in keep]
+    def add(self, seqs: Iterable[Sequence]) -> None:
+        """Appends those of `seqs` not in the batch yet: resident sequences, each holding the slots
+        of its context but its last token (it decodes that token next), none with forked siblings
+        while a cursor runs."""
+        kv, cursor = self.kv, self.cursor
+        for seq in seqs:
+            if seq.seq_id in self._index:
+                continue
+            i = len(self.seqs)
+            if i == len(self._rows):
+                self._grow()
+            row = kv.row_of(seq.seq_id)
+            self._index[seq.seq_id] = i
+            self.seqs.append(seq)
+            self.token_lists.append(seq.token_ids)
+            self._rows[i] = row
+            group = seq.group
+            limit = self.num_steps + group.max_total_len - len(seq.token_ids)
+            self._limits[i] = limit
+            if limit < self._next_limit:
+                self._next_limit = limit
+            if not group.stop_set <= self.stop_tokens:
+                self.stop_tokens = self.stop_tokens | group.stop_set
+            if cursor is not None:
+                cursor.add(row)
+            self._sampled = None
 
-        kept = DecodeBatch.__new__(DecodeBatch)
-        kept.seqs, kept.token_lists, kept.rows = take(self.seqs), take(self.token_lists), self.rows[index]
-        kept.padded_rows = _padded(kept.rows)
-        kept.stop_tokens, kept.num_steps = self.stop_tokens, self.num_steps
-        kept._steps_to_limit = self._steps_to_limit[index]
-        kept._steps_before_limit = int(kept._steps_to_limit.min()) if kept.seqs else 0
-        kept.cursor = None if self.cursor is None else self.cursor.kept(index, kept.padded_rows)
-        kept._sampled = None if self._sampled is None else take(self._sampled)
-        kept._sampled_step = self._sampled_step
-        return kept
+    def discard(self, seqs: Iterable[Sequence]) -> None:
+        """Removes those of `seqs` that are in the batch; the last rows move into their places. The
+        stop tokens stay a superset (a larger one only sends more steps through the per-row checks)."""
+        index, cursor = self._index, self.cursor
+        for seq in seqs:
+            i = index.pop(seq.seq_id, None)
+            if i is None:
+                continue
+            last = len(self.seqs) - 1
+            if i != last:
+                moved = self.seqs[i] = self.seqs[last]
+                self.token_lists[i] = self.token_lists[last]
+                index[moved.seq_id] = i
+                self._rows[i] = self._rows[last]
+                self._limits[i] = self._limits[last]
+            self.seqs.pop()
+            self.token_lists.pop()
+            self._rows[last] = 0
+            self._limits[last] = _NEVER
+            if cursor is not None:
+                cursor.remove(i)
+            self._sampled = None
 
-    def step(self, kv: KVCacheManager) -> tuple[np.ndarray, np.ndarray] | None:
+    def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """One decode token per sequence through the cursor: the step's (i32[3, S] positions /
         slots / context lengths, i32[S, M] block tables), or None (nothing changed) when the
         pool is out of blocks."""
         if self.cursor is None:
-            self.cursor = kv.decode_cursor(self.rows, self.padded_rows)
+            self.cursor = self.kv.decode_cursor(self.rows.tolist(), len(self._rows))
         arrays = self.cursor.step()
         if arrays is not None:
             self.num_steps += 1
@@ -108,22 +140,27 @@ class DecodeBatch:
         self._sampled, self._sampled_step = tokens, self.num_steps
 
     def last_tokens(self) -> list[int] | None:
-        """[n] each sequence's last token, when the previous step recorded them (`sampled`): the
-        next step's input ids without a pass over the token lists. None otherwise (then read
-        `token_lists`): every step counts in `num_steps`, so a record is never stale."""
+        """[n] each sequence's last token, when the previous step recorded them (`sampled`) and
+        the batch did not change since: the next step's input ids without a pass over the token
+        lists. None otherwise (then read `token_lists`): every step counts in `num_steps`, so a
+        record is never stale."""
         return self._sampled if self._sampled_step == self.num_steps - 1 else None
 
     def length_stops(self) -> list[int]:
         """Batch indices of the sequences that reach their length limit with the token the current
         step samples (usually none): every other sequence can end only by sampling one of
         `stop_tokens`."""
-        if self.num_steps < self._steps_before_limit:
+        if self.num_steps < self._next_limit:
             return []
-        return (self._steps_to_limit <= self.num_steps).nonzero()[0].tolist()
+        limits = self._limits[: len(self.seqs)]
+        stops = (limits <= self.num_steps).nonzero()[0].tolist()
+        # Those end with this step and leave the batch; look again at the next step, when the
+        # first limit of the rest is known.
+        self._next_limit = self.num_steps + 1 if stops else int(limits.min(initial=_NEVER))
+        return stops
 
-
-def _padded(rows: np.ndarray) -> np.ndarray:
-    """i64[bucket(n)] `rows` then zeros: padding rows read the reserved row 0."""
-    padded = np.zeros(bucket(len(rows)), np.int64)
-    padded[: len(rows)] = rows
-    return padded
+    def _grow(self) -> None:
+        """Doubles the buffers (a batch past its expected size)."""
+        extra = bucket(2 * len(self._rows)) - len(self._rows)
+        self._rows = np.concatenate([self._rows, np.zeros(extra, np.int64)])
+        self._limits = np.concatenate([self._limits, np.full(extra, _NEVER, np.int64)])

@@ -3,16 +3,18 @@
 A steady decode step gives every running sequence one more KV slot and hands the executor each
 row's position, slot and context length, plus the block tables. All of that changes by +1 per
 step except at a block boundary, and each row reaches its next boundary exactly every
-`block_size` steps. `PagedDecodeCursor` keeps the next step's arrays and how many steps remain
-before the next row crosses a boundary, so a step is one array add, plus finding and opening
-blocks for the rows that cross on the steps where some do. `AppendCursor` is the
-generic form over any `KVCacheManager.append_slots` (the contiguous baselines use it).
+`block_size` steps. `PagedDecodeCursor` keeps the next step's arrays in buffers sized for the
+most rows the batch may hold, and sorts its rows into `block_size` classes by the step at which
+they cross a boundary, so a step is one array add, plus opening blocks for the class whose turn
+it is. `AppendCursor` is the generic form over any `KVCacheManager.append_slots` (the contiguous
+baselines use it).
 
-A cursor is valid while its rows get slots only through it: it is cut with its batch when the
-latest-arrived group is preempted or sequences finish (`kept`), and the scheduler drops it when
-the running set changes otherwise or the rows get slots another way (chunks in the same step,
-forks). It never writes into a shared block: the batch has no forked sequences, and prefix-cache
-sharing covers whole blocks only. Pure numpy: no jax import.
+Both are persistent: rows join (`add`) and leave (`remove`, the last row moving into the hole,
+as vLLM v1's input batch condenses) in place, so an admission, a finish or a preemption edits a
+few entries instead of rebuilding the arrays. A cursor is valid while its rows get slots only
+through it; the batch drops it when they get slots another way (chunks in the same step, forks).
+It never writes into a shared block: the batch has no forked sequences, and prefix-cache sharing
+covers whole blocks only. Pure numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -43,115 +45,198 @@ def _table_width(kv: KVCacheManager, num_blocks: int) -> int:
     return min(bucket(num_blocks), kv.max_blocks_per_seq)
 
 
+def _capacity(n: int) -> int:
+    """Buffer length for n rows: a bucket size, so that every padded step size up to it fits."""
+    return bucket(n)
+
+
 class AppendCursor:
     """The generic cursor: `append_slots` each step, then the step's arrays gathered from the
     manager's tables (any `KVCacheManager`)."""
 
-    def __init__(self, kv: KVCacheManager, rows: np.ndarray, padded_rows: np.ndarray):
-        self.kv, self.rows, self.padded_rows = kv, rows, padded_rows
+    def __init__(self, kv: KVCacheManager, rows: list[int], capacity: int = 8):
+        self.kv = kv
+        self._rows = np.zeros(_capacity(max(capacity, len(rows))), np.int64)  # i64[C] rows, then row 0
+        self._rows[: len(rows)] = rows
+        self._n = len(rows)
 
-    def kept(self, keep: np.ndarray | slice, padded_rows: np.ndarray) -> AppendCursor:
-        """The cursor of the batch's rows `keep` (i64[m] batch indices, ascending, or a slice), padded
-        to `padded_rows`."""
-        return AppendCursor(self.kv, self.rows[keep], padded_rows)
+    def add(self, row: int) -> None:
+        """Appends a row (its next token gets a slot from the next step on)."""
+        if self._n == len(self._rows):
+            self._rows = np.concatenate([self._rows, np.zeros(_capacity(2 * self._n) - self._n, np.int64)])
+        self._rows[self._n] = row
+        self._n += 1
+
+    def remove(self, i: int) -> None:
+        """Removes row i; the last row takes its place."""
+        last = self._n - 1
+        self._rows[i] = self._rows[last]
+        self._rows[last] = 0
+        self._n = last
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more
         token per row, padding rows zero; None (nothing changed) when blocks run out."""
-        kv, n = self.kv, len(self.rows)
-        appended = kv.append_slots(self.rows, may_share=False)
+        kv, n = self.kv, self._n
+        appended = kv.append_slots(self._rows[:n], may_share=False)
         if appended is None:
             return None
-        state = np.zeros((3, len(self.padded_rows)), np.int32)
-        state[2] = kv.num_tokens.take(self.padded_rows)
+        padded_rows = self._rows[: bucket(n)]
+        state = np.zeros((3, len(padded_rows)), np.int32)
+        state[2] = kv.num_tokens.take(padded_rows)
         np.subtract(state[2, :n], 1, out=state[0, :n])
         state[1, :n] = appended[0]
         longest = int(state[2, :n].max()) if n else 1
-        tables = kv.block_tables.take(self.padded_rows, axis=0)
+        tables = kv.block_tables.take(padded_rows, axis=0)
         width = _table_width(kv, -(-longest // kv.block_size))
         return state, (tables if width == tables.shape[1] else np.ascontiguousarray(tables[:, :width]))
 
 
 class PagedDecodeCursor:
-    """The paged block manager's cursor (see the module docstring)."""
+    """The paged block manager's cursor (see the module docstring).
 
-    __slots__ = ("kv", "rows", "padded_rows", "_state", "_until", "_tables", "_blocks_in_use")  # see __init__
+    Its buffers are the step's padded arrays, S = bucket(n) rows (resized when n crosses a
+    bucket bound); rows [n, S) are zero. `_state` is private until a step hands it out (the next
+    step's is a new array); `_tables` is shared with the last plan once handed out
+    (`_tables_out`) and copied before it is written again.
+    """
 
-    def __init__(self, kv: BlockManager, rows: np.ndarray, padded_rows: np.ndarray):
+    __slots__ = ("kv", "_row_list", "_rows", "_state", "_tables", "_tables_out", "_blocks_in_use", "_due", "_t")
+
+    def __init__(self, kv: BlockManager, rows: list[int], capacity: int = 8):
+        """(`capacity` is unused: the buffers follow the batch's size.)"""
         bs, n = kv.block_size, len(rows)
-        self.kv, self.rows, self.padded_rows = kv, rows, padded_rows
-        positions = kv.num_tokens.take(rows)  # i32[n] position of each row's next token
-        state = np.zeros((3, len(padded_rows)), np.int32)  # the next step's positions, slots, context lengths
+        self.kv = kv
+        self._row_list = list(rows)  # [n] the rows, in batch order (a crossing row's index: .index)
+        self._rows = np.zeros(bucket(n), np.int64)  # i64[S] the rows, then row 0
+        self._rows[:n] = rows
+        positions = kv.num_tokens.take(self._rows[:n])  # i32[n] position of each row's next token
+        self._state = state = np.zeros((3, len(self._rows)), np.int32)  # the next step's positions, slots, context lengths
         state[0, :n] = positions
         state[2, :n] = positions
         state[2, :n] += 1
-        # slot = block * bs + position % bs, as block * bs + position - logical * bs in place: on
-        # tens of rows each numpy call costs more than its arithmetic. (A row whose next token
-        # starts a block reads table entry 0 here and gets its slot when it crosses.)
+        # slot = block * bs + position % bs. (A row whose next token starts a block reads table
+        # entry 0 here and gets its slot when it crosses.)
         logical = positions // bs
-        slots = kv.block_tables[rows, logical]
-        slots *= bs
-        slots += positions
-        slots -= logical * bs
-        state[1, :n] = slots
-        self._state = state
-        # Steps before some row's next token starts a block, a lower bound: the step where it is
-        # 0 looks for such rows. The row furthest into its block crosses first.
-        self._until = 0
+        state[1, :n] = kv.block_tables[self._rows[:n], logical] * bs + positions % bs
         self._blocks_in_use = int(logical.max()) + 1 if n else 1  # the longest row's blocks after its next token
-        width = _table_width(kv, self._blocks_in_use)
-        self._tables = np.ascontiguousarray(kv.block_tables.take(padded_rows, axis=0)[:, :width])  # i32[S, M]
+        self._tables = np.ascontiguousarray(
+            kv.block_tables.take(self._rows, axis=0)[:, : _table_width(kv, self._blocks_in_use)])  # i32[S, M]
+        self._tables_out = False
+        # A row whose next position is p at step t starts a block at every step t' with
+        # t' = t - p (mod bs): `_due[k]` holds the rows whose turn comes at the steps t' = k (mod bs).
+        self._t = 0  # steps taken
+        self._due: list[list[int]] = [[] for _ in range(bs)]
+        for row, p in zip(rows, positions.tolist()):
+            self._due[-p % bs].append(row)
 
-    def kept(self, keep: np.ndarray | slice, padded_rows: np.ndarray) -> PagedDecodeCursor:
-        """The cursor of the batch's rows `keep` (i64[m] batch indices, ascending, or a slice: the
-        batch less a preempted group, or less finished sequences), padded to `padded_rows`: the
-        same arrays, cut. (Fewer rows cross a boundary no sooner: the steps to the next one hold.)"""
-        kept = PagedDecodeCursor.__new__(PagedDecodeCursor)
-        kept.kv, kept.rows, kept.padded_rows, kept._until = self.kv, self.rows[keep], padded_rows, self._until
-        m, size = len(kept.rows), len(padded_rows)
-        kept._state = np.zeros((3, size), np.int32)
-        kept._state[:, :m] = self._state[:, keep]
-        kept._blocks_in_use = int(kept._state[0, :m].max()) // self.kv.block_size + 1 if m else 1
-        width = _table_width(self.kv, kept._blocks_in_use)
-        kept._tables = np.zeros((size, width), np.int32)
-        width = min(width, self._tables.shape[1])  # wider: the crossing row's block is not open yet
-        kept._tables[:m, :width] = self._tables[keep, :width]
-        return kept
+    def __len__(self) -> int:
+        return len(self._row_list)
+
+    def add(self, row: int) -> None:
+        """Appends a row (no forked siblings; its next token gets a slot from the next step on)."""
+        kv, bs, n = self.kv, self.kv.block_size, len(self._row_list)
+        if n == len(self._rows):
+            self._resize(bucket(n + 1))
+        p = int(kv.num_tokens[row])
+        logical, offset = divmod(p, bs)
+        self._row_list.append(row)
+        self._rows[n] = row
+        state = self._state
+        state[0, n] = p
+        state[1, n] = int(kv.block_tables[row, logical]) * bs + offset if offset else 0
+        state[2, n] = p + 1
+        self._due[(self._t - p) % bs].append(row)
+        if logical + 1 > self._blocks_in_use:
+            self._blocks_in_use = logical + 1
+        width = _table_width(kv, self._blocks_in_use)
+        if width != self._tables.shape[1]:
+            self._regather(width)
+        else:
+            self._writable_tables()[n] = kv.block_tables[row, :width]
+
+    def remove(self, i: int) -> None:
+        """Removes the row at batch index i; the last row takes its place."""
+        kv, bs = self.kv, self.kv.block_size
+        last = len(self._row_list) - 1
+        state, tables = self._state, self._writable_tables()
+        p = int(state[0, i])
+        self._due[(self._t - p) % bs].remove(self._row_list[i])
+        if i != last:
+            self._row_list[i] = self._row_list[last]
+            self._rows[i] = self._rows[last]
+            state[:, i] = state[:, last]
+            tables[i] = tables[last]
+        self._row_list.pop()
+        self._rows[last] = 0
+        state[:, last] = 0
+        tables[last] = 0
+        if p // bs + 1 >= self._blocks_in_use:  # it may have been the longest: the width is the rest's
+            # (Their next tokens' blocks: as the next step will see them, crossings included.)
+            self._blocks_in_use = int(state[0, :last].max()) // bs + 1 if last else 1
+            width = _table_width(kv, self._blocks_in_use)
+            if width < tables.shape[1]:
+                self._tables = np.ascontiguousarray(tables[:, :width])
+            elif width > tables.shape[1]:
+                self._regather(width)
+        if bucket(last) < len(self._rows):
+            self._resize(bucket(last))
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more
         token per row, padding rows zero; None (nothing changed) when blocks run out. The
         returned arrays are never written again (the plan may keep them)."""
-        kv, n = self.kv, len(self.rows)
+        kv = self.kv
         state = self._state  # private until returned
-        if self._until == 0:  # some rows' tokens start a block this step
-            offsets = state[0, :n] % kv.block_size
-            crossing = (offsets == 0).nonzero()[0].tolist()
-            if crossing:
-                if len(crossing) > kv.num_free_blocks:
-                    return None
-                self._open_blocks(crossing, state)
-            # The row furthest into its block crosses first: after block_size - 1 - offset more steps.
-            self._until = kv.block_size - 1 - int(offsets.max())
-        else:
-            self._until -= 1
-        kv.num_tokens.put(self.rows, state[2, :n])
-        self._state = state + _increment(n, state.shape[1])
+        crossing = self._due[self._t % kv.block_size]
+        if crossing:  # these rows' tokens start a block this step
+            if len(crossing) > kv.num_free_blocks:
+                return None
+            self._open_blocks(crossing, state)
+        # (Padding rows write 0 into reserved row 0's count, which stays 0.)
+        kv.num_tokens.put(self._rows, state[2])
+        self._state = state + _increment(len(self._row_list), len(self._rows))
+        self._t += 1
+        self._tables_out = True
         return state, self._tables
 
     def _open_blocks(self, crossing: list[int], state: np.ndarray) -> None:
-        """Fresh blocks for the rows (batch indices) whose token this step starts a block."""
-        kv, bs = self.kv, self.kv.block_size
-        positions, slots = state[0], state[1]
-        logical = [int(positions[i]) // bs for i in crossing]
-        blocks = kv.open_blocks(self.rows[crossing].tolist(), logical)
-        for i, block in zip(crossing, blocks):
+        """Fresh blocks for the rows whose token this step starts a block."""
+        kv, bs, row_list = self.kv, self.kv.block_size, self._row_list
+        # In batch order, as `append_slots` would take them (the same blocks for the same steps).
+        index = sorted(map(row_list.index, crossing)) if len(crossing) > 1 else [row_list.index(crossing[0])]
+        logical = [int(state[0, i]) // bs for i in index]
+        blocks = kv.open_blocks([row_list[i] for i in index], logical)
+        slots = state[1]
+        for i, block in zip(index, blocks):
             slots[i] = block * bs
-        self._blocks_in_use = max(self._blocks_in_use, max(logical) + 1)
-        width = _table_width(kv, self._blocks_in_use)
-        if width > self._tables.shape[1]:  # a row grew past the bucketed width: gather anew
-            self._tables = np.ascontiguousarray(kv.block_tables.take(self.padded_rows, axis=0)[:, :width])
-        else:
-            tables = self._tables = self._tables.copy()  # the previous step's plan holds the old one
-            for i, index, block in zip(crossing, logical, blocks):
-                tables[i, index] = block
+        widest = max(logical) + 1
+        if widest > self._blocks_in_use:
+            self._blocks_in_use = widest
+            width = _table_width(kv, widest)
+            if width > self._tables.shape[1]:  # a row grew past the bucketed width: gather anew
+                self._regather(width)
+                return
+        tables = self._writable_tables()
+        for i, column, block in zip(index, logical, blocks):
+            tables[i, column] = block
+
+    def _writable_tables(self) -> np.ndarray:
+        """`_tables`, copied first if the last step handed it out."""
+        if self._tables_out:
+            self._tables = self._tables.copy()
+            self._tables_out = False
+        return self._tables
+
+    def _regather(self, width: int) -> None:
+        """`_tables` anew from the manager's, `width` columns."""
+        self._tables = np.ascontiguousarray(self.kv.block_tables.take(self._rows, axis=0)[:, :width])
+        self._tables_out = False
+
+    def _resize(self, size: int) -> None:
+        """Buffers of `size` rows (the padded size changed), the first rows kept."""
+        keep = min(size, len(self._rows))
+        rows, state, tables = np.zeros(size, np.int64), np.zeros((3, size), np.int32), \
+            np.zeros((size, self._tables.shape[1]), np.int32)
+        rows[:keep], state[:, :keep], tables[:keep] = self._rows[:keep], self._state[:, :keep], self._tables[:keep]
+        self._rows, self._state, self._tables, self._tables_out = rows, state, tables, False

@@ -94,10 +94,11 @@ class KVCacheManager(Protocol):
         """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
         of blocks; `may_share=False` promises no row shares its last block with a fork."""
 
-    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> DecodeCursor:
-        """A cursor over `rows` (no forked siblings), padded to `padded_rows`: each `step()` gives
-        every row one more slot and returns the step's arrays, or None (nothing changed) when
-        out of blocks (see jpaged.decode_cursor)."""
+    def decode_cursor(self, rows: list[int], capacity: int = 8) -> DecodeCursor:
+        """A cursor over `rows` (no forked siblings) with buffers for `capacity` rows: each `step()`
+        gives every row one more slot and returns the step's arrays, or None (nothing changed)
+        when out of blocks; rows join (`add(row)`) and leave (`remove(index)`, the last row
+        moving into its place) in place (see jpaged.decode_cursor)."""
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """A new sequence of the parent's group holding the parent's first `num_blocks` blocks (default all)."""

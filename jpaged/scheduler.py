@@ -73,11 +73,13 @@ class Scheduler:
         # Running groups with a sequence still prefilling (chunks left) or not yet holding blocks
         # (a recomputed group's sequences join as they reach their shared prefix), by arrival.
         self._partial: list[SequenceGroup] = []
-        # Decoding sequences of the other running groups and their rows, rebuilt only when the
-        # running set grows or changes shape (admission, swap-in, fork, a prompt's last chunk), not
-        # every step; a preemption or a finish cuts it (`_batch_thinned`: sequences finished since).
+        # Decoding sequences of the other running groups and their rows, kept from step to step
+        # and edited by events: groups that joined running or finished their prompts add their
+        # sequences at the next step (`_batch_joins`), finished sequences leave it then
+        # (`_batch_drops`), a preempted group's at once; a fork rebuilds it (None).
         self._batch: DecodeBatch | None = None
-        self._batch_thinned = False
+        self._batch_joins: list[SequenceGroup] = []
+        self._batch_drops: list[Sequence] = []
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         # The max_num_seqs budget counts each running group at its width (n samples or beams), so
         # a fresh group's later forks and a beam step's churn never push a batch past the limit.
@@ -119,13 +121,14 @@ class Scheduler:
                 queue.remove(group)
         if group in self.running:
             self._leave_running(group)
+            self._batch_drops += group.seqs
         for seq in group.seqs:
             self._release(seq)
 
     def free_seq(self, seq: Sequence) -> None:
         """Frees a finished (or dropped) sequence's blocks; with prefix caching they stay cached."""
         self._release(seq)
-        self._batch_thinned = True  # (the batch drops it at the next step: `_running_batch`)
+        self._batch_drops.append(seq)  # (the batch drops it at the next step: `_running_batch`)
         self._touched.append(seq.group)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
@@ -139,7 +142,7 @@ class Scheduler:
         if self._touched:
             for group in {id(g): g for g in self._touched}.values():
                 if group.is_finished and group in self.running:
-                    self._leave_running(group, batch_holds=True)
+                    self._leave_running(group)
             self._touched.clear()
 
     def _release(self, seq: Sequence) -> None:
@@ -160,19 +163,15 @@ class Scheduler:
             bisect.insort(self.running, group, key=lambda g: g.arrival_order)
         self._num_running_seqs += group.width
         self._num_multi_running += not group.is_single
-        self._batch = None
+        self._batch_joins.append(group)
 
-    def _leave_running(self, group: SequenceGroup, batch_holds: bool = False) -> None:
-        """`batch_holds`: the group's sequences all finished (`free_seq`), so the running batch
-        stays valid less them."""
+    def _leave_running(self, group: SequenceGroup) -> None:
+        """Takes a group off the running list (its sequences leave the batch by the caller)."""
         self.running.remove(group)
         if group in self._partial:
             self._partial.remove(group)
-            batch_holds = False
         self._num_running_seqs -= group.width
         self._num_multi_running -= not group.is_single
-        if not batch_holds:
-            self._batch = None
 
     # ------------------------------------------------------------------ scheduling
 
@@ -220,7 +219,7 @@ class Scheduler:
             elif self._num_multi_running:  # only forked sequences (n > 1, beams) can write into a shared block
                 appended = bm.append_slots(rows)
             else:  # the steady state, one sequence per group: (step arrays, block tables)
-                appended = batch.step(bm)
+                appended = batch.step()
             if appended is not None:
                 break
             num_preempted += self._preempt_latest()
@@ -231,7 +230,7 @@ class Scheduler:
         slots, copies = appended
         batch.advance()  # its slots came from append_slots: its cursor no longer holds
         if not chunks:
-            builder.add(seqs, rows, None, slots, copies)
+            builder.add(list(seqs), rows.copy(), None, slots, copies)  # (the batch changes in place later)
             budget[0] -= len(seqs)
             return num_preempted
         builder.add(seqs + [s for s, _ in chunks], all_rows, counts, slots, copies)
@@ -275,7 +274,7 @@ class Scheduler:
             live = group.live_seqs()
             if all(self._resident(s) and self._uncomputed(s) == 0 for s in live):
                 self._partial.remove(group)
-                self._batch = None
+                self._batch_joins.append(group)  # its sequences decode from the next step on
             if self.prefix_caching:
                 self._kv_events += 1
                 for seq in live:
@@ -291,16 +290,10 @@ class Scheduler:
                                  f"({self.block_manager.num_usable_blocks} blocks)")
             self.abort(victim)
             return 0
-        batch = self._batch
         self._leave_running(victim)
+        if self._batch is not None:
+            self._batch.discard(victim.seqs)
         self._preempt(victim)
-        if batch is not None:  # the victim's decoding sequences, if any, are the batch's last
-            count = 0
-            for seq in reversed(batch.seqs):
-                if seq.group is not victim:
-                    break
-                count += 1
-            self._batch = batch.without_last(count) if count else batch
         return 1
 
     def _preempt(self, group: SequenceGroup) -> None:
@@ -509,17 +502,30 @@ class Scheduler:
             self.block_manager.fork(source.seq_id, seq.seq_id, blocks)
 
     def _running_batch(self) -> DecodeBatch:
-        """Decoding sequences of the running groups (partial ones excluded), FCFS, and their
-        block-table rows (cached until the running set changes)."""
-        if self._batch is not None and self._batch_thinned:
-            self._batch = self._batch.still_running()
-        self._batch_thinned = False
-        if self._batch is None:
+        """Decoding sequences of the running groups (partial ones excluded) and their block-table
+        rows: the kept batch, brought up to date with the events since the last step."""
+        batch = self._batch
+        running = SequenceStatus.RUNNING
+        if batch is None:
             if not self._partial and self._num_multi_running == 0:  # one running sequence per group
                 seqs = [g.seqs[0] for g in self.running]
             else:
-                running = SequenceStatus.RUNNING
                 partial = {id(g) for g in self._partial}
                 seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
-            self._batch = DecodeBatch(seqs, self.block_manager.rows_of([s.seq_id for s in seqs]))
-        return self._batch
+            self._batch = batch = DecodeBatch(self.block_manager, seqs, self.config.max_num_seqs)
+            self._batch_joins.clear()
+            self._batch_drops.clear()
+            return batch
+        if self._batch_drops:
+            batch.discard(self._batch_drops)
+            self._batch_drops.clear()
+        if self._batch_joins:
+            # (A group that left running since has no running sequence: preempted or ended.)
+            for group in self._batch_joins:
+                if group.is_single:
+                    if group.seqs[0].status is running and group not in self._partial:
+                        batch.add(group.seqs)
+                elif group not in self._partial:
+                    batch.add([s for s in group.seqs if s.status is running])
+            self._batch_joins.clear()
+        return batch

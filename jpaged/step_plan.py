@@ -206,8 +206,8 @@ class PlanBuilder:
         if self._decodes is not None:
             if not segments and not self._swap_out:
                 return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
-            batch, state, _ = self._decodes
-            segments = [(batch.seqs, batch.rows, None, state[1, : len(batch.seqs)])] + segments
+            batch, state, _ = self._decodes  # (its lists change in place later: copied)
+            segments = [(list(batch.seqs), batch.rows.copy(), None, state[1, : len(batch.seqs)])] + segments
         plan = self._general_plan(segments, all_single)
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
@@ -220,7 +220,7 @@ class PlanBuilder:
     def _batch_plan(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> StepPlan:
         """The running batch's decode step (no forks, no block copies): the cursor's arrays as
         they are, the token ids, and what the batch knows about stops."""
-        seqs = batch.seqs
+        seqs = list(batch.seqs)  # (the batch changes in place later)
         n, size = len(seqs), state.shape[1]
         token_ids = np.zeros(size, np.int32)
         last_tokens = batch.last_tokens()
@@ -229,7 +229,7 @@ class PlanBuilder:
         else:  # (fromiter beats a list comprehension's setitem here)
             token_ids[:n] = np.fromiter(map(_last, batch.token_lists), np.int32, n)
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, batch.token_lists,
+        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, list(batch.token_lists),
                               batch.length_stops(), batch)
         return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables,
                         logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)

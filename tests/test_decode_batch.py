@@ -54,8 +54,11 @@ class CheckSkippedStops(EngineObserver):
         rows = plan.sampling
         if rows is not None and rows.decode_batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler
-            fresh = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()]
-            assert rows.decode_batch.seqs == fresh == rows.seqs
+            # The same sequences (in the batch's own order: rows move when others leave), each once.
+            fresh = rows.seqs
+            want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()]
+            assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
+            assert rows.decode_batch.seqs == fresh and len({id(s) for s in fresh}) == len(fresh)
             np.testing.assert_array_equal(rows.decode_batch.rows, bm.rows_of([s.seq_id for s in fresh]))
             np.testing.assert_array_equal(plan.token_ids[: plan.num_seqs], [s.token_ids[-1] for s in fresh])
             # ... and the cursor's arrays are the block manager's truth after the step's slots

@@ -2,7 +2,8 @@
 
 Both cursors must hand out the same arrays step after step (positions, slots, context lengths,
 block tables, padding zero) and leave the managers in the same state, through block boundaries,
-a trimmed batch (a preempted tail, finished rows) and a pool that runs dry (None, nothing changed).
+rows that join and leave in place between steps (admissions, finishes, preemptions) and a pool
+that runs dry (None, nothing changed).
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jpaged.block_manager import BlockManager
-from jpaged.decode_batch import _padded
 from jpaged.decode_cursor import AppendCursor, PagedDecodeCursor
+from jpaged.step_plan import bucket
 
 
 def _twins(block_size: int, num_blocks: int, lengths: list[int], prefix_caching: bool):
     managers = [BlockManager(num_blocks, block_size, 0, 128 * block_size, watermark=0.0, max_seqs=32,
                              enable_prefix_caching=prefix_caching) for _ in range(2)]
-    rows = [np.array([bm.allocate(i, n) for i, n in enumerate(lengths)], np.int64) for bm in managers]
+    rows = [[bm.allocate(i, n) for i, n in enumerate(lengths)] for bm in managers]
     if prefix_caching:  # cached, unreferenced blocks: opening a block then evicts them
         for bm in managers:
-            extra = bm.allocate(len(lengths), 2 * block_size)
-            bm.cache_blocks(len(lengths), list(range(2 * block_size)))
-            bm.free(len(lengths))
+            extra = bm.allocate(1000, 2 * block_size)
+            bm.cache_blocks(1000, list(range(2 * block_size)))
+            bm.free(1000)
             assert extra and bm.prefix_cache.num_evictable == 2
-    return managers, rows
+    assert rows[0] == rows[1]
+    return managers, rows[0]
 
 
 def _manager_state(bm: BlockManager):
@@ -41,22 +43,41 @@ def _assert_same_step(paged, generic):
         np.testing.assert_array_equal(paged[1], generic[1])
 
 
-@settings(max_examples=150, deadline=None)
-@given(block_size=st.sampled_from([1, 2, 3, 4, 16]),
-       lengths=st.lists(st.integers(1, 40), min_size=1, max_size=9),
-       steps=st.integers(1, 40), trim_at=st.integers(0, 40), dropped=st.sets(st.integers(0, 8)),
-       spare=st.integers(0, 30), prefix_caching=st.booleans())
-def test_paged_cursor_matches_append_slots(block_size, lengths, steps, trim_at, dropped, spare, prefix_caching):
-    need = sum(-(-n // block_size) for n in lengths)
-    (paged_bm, generic_bm), (rows, _) = _twins(block_size, need + spare + 4, lengths, prefix_caching)
-    padded = _padded(rows)
-    paged, generic = PagedDecodeCursor(paged_bm, rows, padded), AppendCursor(generic_bm, rows, padded)
-    for step in range(steps):
-        keep = np.array([i for i in range(len(rows)) if i not in dropped], np.int64)
-        if step == trim_at and 0 < len(keep) < len(rows):  # rows leave (a preempted tail, finished ones)
-            rows = rows[keep]
-            padded = _padded(rows)
-            paged, generic = paged.kept(keep, padded), generic.kept(keep, padded)
+_events = st.lists(st.one_of(st.just(("step",)), st.tuples(st.just("remove"), st.integers(0, 40)),
+                             st.tuples(st.just("add"), st.integers(1, 60))), min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(block_size=st.sampled_from([1, 2, 3, 4, 16]), lengths=st.lists(st.integers(1, 40), max_size=9),
+       events=_events, spare=st.integers(0, 30), prefix_caching=st.booleans())
+def test_paged_cursor_matches_append_slots(block_size, lengths, events, spare, prefix_caching):
+    need = sum(-(-n // block_size) for n in lengths) + sum(-(-e[1] // block_size) for e in events if e[0] == "add")
+    (paged_bm, generic_bm), rows = _twins(block_size, need + spare + 4, lengths, prefix_caching)
+    paged, generic = PagedDecodeCursor(paged_bm, rows), AppendCursor(generic_bm, rows)
+    live = list(range(len(lengths)))  # seq id of each cursor row, in the cursors' order
+    next_id = len(lengths)
+    for event in events:
+        if event[0] == "add":  # a sequence joins: admitted (its prompt's slots taken) the step before
+            if paged_bm.blocks_for(event[1]) > paged_bm.num_free_blocks:
+                continue
+            row = [bm.allocate(next_id, event[1]) for bm in (paged_bm, generic_bm)]
+            assert row[0] == row[1]
+            paged.add(row[0])
+            generic.add(row[0])
+            live.append(next_id)
+            next_id += 1
+            continue
+        if event[0] == "remove":  # a sequence leaves (finished or preempted): its blocks go back
+            if not live:
+                continue
+            i = event[1] % len(live)
+            paged.remove(i)
+            generic.remove(i)
+            for bm in (paged_bm, generic_bm):
+                bm.free(live[i])
+            live[i] = live[-1]
+            live.pop()
+            continue
         before = _manager_state(paged_bm)
         got, want = paged.step(), generic.step()
         _assert_same_step(got, want)
@@ -67,29 +88,45 @@ def test_paged_cursor_matches_append_slots(block_size, lengths, steps, trim_at, 
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
             break
         state, tables = got
-        assert not state[:, len(rows):].any() and not tables[len(rows):].any()  # padding rows are zero
+        n = len(live)
+        assert state.shape[1] == tables.shape[0] == bucket(n)
+        assert not state[:, n:].any() and not tables[n:].any()  # padding rows are zero
+        rows_now = paged_bm.rows_of(live)
+        np.testing.assert_array_equal(state[2, :n], paged_bm.num_tokens[rows_now])
 
 
 def test_returned_arrays_are_never_written_again():
-    (bm, _), (rows, _) = _twins(2, 40, [1, 2, 3], prefix_caching=False)
-    cursor = PagedDecodeCursor(bm, rows, _padded(rows))
+    (bm, _), rows = _twins(2, 60, [1, 2, 3], prefix_caching=False)
+    cursor = PagedDecodeCursor(bm, rows)
     taken = [cursor.step() for _ in range(6)]
+    cursor.add(bm.allocate(10, 5))  # edits between steps touch only the cursor's own buffers
+    taken.append(cursor.step())
+    cursor.remove(0)
     copies = [(state.copy(), tables.copy()) for state, tables in taken]
     for _ in range(6):
         cursor.step()
+    cursor.remove(1)
+    cursor.add(bm.allocate(11, 3))
+    cursor.step()
     for (state, tables), (state_copy, tables_copy) in zip(taken, copies):
         np.testing.assert_array_equal(state, state_copy)
         np.testing.assert_array_equal(tables, tables_copy)
 
 
-def test_trimmed_cursor_widens_for_a_row_about_to_open_a_block():
-    # Row 0 fills its 8th block with the first step; its next token opens a 9th, which the
-    # trimmed cursor's tables (bucketed: 12 columns) must have room for at once.
-    (paged_bm, generic_bm), (rows, _) = _twins(2, 40, [15, 3], prefix_caching=False)
-    paged, generic = PagedDecodeCursor(paged_bm, rows, _padded(rows)), AppendCursor(generic_bm, rows, _padded(rows))
+def test_tables_narrow_and_widen_with_the_longest_row():
+    # Row 0 fills its 8th block with the first step and its next token opens a 9th; when it
+    # leaves, the tables narrow to the rest's width; a long row joining widens them again.
+    (paged_bm, generic_bm), rows = _twins(2, 60, [15, 3], prefix_caching=False)
+    paged, generic = PagedDecodeCursor(paged_bm, rows), AppendCursor(generic_bm, rows)
     _assert_same_step(paged.step(), generic.step())
-    assert paged._tables.shape[1] == 8  # (bucketed to the 8 blocks it used so far)
-    kept, keep = _padded(rows[:1]), np.array([0], np.int64)
-    paged, generic = paged.kept(keep, kept), generic.kept(keep, kept)
+    assert paged.step()[1].shape[1] == 12 and generic.step()[1].shape[1] == 12
+    paged.remove(0)
+    generic.remove(0)
+    got, want = paged.step(), generic.step()
+    _assert_same_step(got, want)
+    assert got[1].shape[1] == 8
+    row = [bm.allocate(5, 30) for bm in (paged_bm, generic_bm)]
+    paged.add(row[0])
+    generic.add(row[1])
     for _ in range(3):
         _assert_same_step(paged.step(), generic.step())

@@ -54,8 +54,8 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     if decoding:  # the batch's decodes lead, through its cursor
         seqs = [new_seq(n) for n in decoding]
         rows = np.array([bm.allocate(s.seq_id, len(s) - 1) if len(s) > 1 else bm.admit(s.seq_id) for s in seqs])
-        batch = DecodeBatch(seqs, rows)
-        builder.add_decodes(batch, *batch.step(bm))
+        batch = DecodeBatch(bm, seqs)
+        builder.add_decodes(batch, *batch.step())
         all_seqs, all_rows, all_counts = list(seqs), list(rows), [1] * len(seqs)
     for _ in range(one_token_decodes):  # a decode segment of its own (a swapped-in group's, say)
         seq = new_seq(int(rng.integers(2, 30)))

@@ -263,9 +263,9 @@ class ContiguousBlockManager:
         slots = np.arange(int(counts.sum())) + np.repeat(base * bs + pos - starts, counts)
         return slots.astype(np.int32), copies
 
-    def decode_cursor(self, rows: np.ndarray, padded_rows: np.ndarray) -> AppendCursor:
+    def decode_cursor(self, rows: list[int], capacity: int = 8) -> AppendCursor:
         """The generic cursor over `append_slots` (appending never fails here)."""
-        return AppendCursor(self, rows, padded_rows)
+        return AppendCursor(self, rows, capacity)
 
     # ------------------------------------------------------------------ swap (none)
 
