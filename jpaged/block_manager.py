@@ -273,7 +273,7 @@ class BlockManager:
         if counts is None:
             return self._append_one(rows, may_share)
         if len(rows) == 1:  # a prompt chunk at admission: plain integers beat a dozen array ops
-            return self._append_row(int(rows[0]), int(counts[0]))
+            return self.append_row(int(rows[0]), int(counts[0]))
         bs = self.block_size
         pos = self.num_tokens[rows]  # [n] first new position of each row
         end = pos + counts
@@ -300,8 +300,9 @@ class BlockManager:
         slots = self.block_tables[token_rows, positions // bs] * bs + positions % bs
         return slots.astype(np.int32, copy=False), copy_pairs
 
-    def _append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
-        """`append_slots` for one row (the same rules)."""
+    def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """`append_slots` for one row and `count` tokens (the same rules): a prompt chunk at
+        admission, with plain integers (a dozen array operations cost more on one row)."""
         bs, base = self.block_size, row * self.max_blocks_per_seq
         pos, have = self._row_tokens[row], self._row_blocks[row]
         end = pos + count
@@ -390,6 +391,21 @@ class BlockManager:
             refs[block] = 1
             row_blocks[row] = index + 1
         return blocks
+
+    def open_next_blocks(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """Gives each of `rows` (distinct, their blocks full: the next token starts a block) a fresh
+        block after its last; returns the blocks and their logical indices. The caller checked
+        that `num_free_blocks` covers them."""
+        blocks = self._take_blocks(len(rows))
+        tables, refs, row_blocks, width = self._tables, self._refs, self._row_blocks, self.max_blocks_per_seq
+        logical = []
+        for row, block in zip(rows, blocks):
+            index = row_blocks[row]
+            tables[row * width + index] = block
+            refs[block] = 1
+            row_blocks[row] = index + 1
+            logical.append(index)
+        return blocks, logical
 
     def decode_cursor(self, rows: list[int], capacity: int = 8) -> PagedDecodeCursor:
         """A cursor giving `rows` (no forked siblings) one slot per step, with buffers for

@@ -31,7 +31,7 @@ class DecodeBatch:
     """Decoding sequences with what their steps share (see the module docstring)."""
 
     __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows", "_limits",
-                 "_next_limit", "_sampled", "_sampled_step")
+                 "_next_limit", "_sampled", "_sampled_step", "_lists_out")
 
     def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = (), capacity: int = 8):
         """`capacity`: the rows the batch expects to hold at most (its buffers grow past it)."""
@@ -40,6 +40,7 @@ class DecodeBatch:
         # Each sequence's token list (the same list object for its whole life): the step reads
         # and appends through these without per-row attribute lookups.
         self.token_lists: list[list[int]] = []
+        self._lists_out = False  # a plan holds `seqs` and `token_lists`: copy them before an edit
         self.stop_tokens: frozenset[int] = frozenset()  # a superset of the sequences' stop tokens
         self.num_steps = 0  # decode steps scheduled for this batch so far
         # The KV manager's decode cursor over the rows (made at the first step that uses it;
@@ -76,6 +77,8 @@ class DecodeBatch:
         for seq in seqs:
             if seq.seq_id in self._index:
                 continue
+            if self._lists_out:
+                self._own_lists()
             i = len(self.seqs)
             if i == len(self._rows):
                 self._grow()
@@ -103,6 +106,8 @@ class DecodeBatch:
             i = index.pop(seq.seq_id, None)
             if i is None:
                 continue
+            if self._lists_out:
+                self._own_lists()
             last = len(self.seqs) - 1
             if i != last:
                 moved = self.seqs[i] = self.seqs[last]
@@ -117,6 +122,14 @@ class DecodeBatch:
             if cursor is not None:
                 cursor.remove(i)
             self._sampled = None
+
+    def handed_out(self) -> tuple[list[Sequence], list[list[int]]]:
+        """(seqs, token_lists) for a plan to keep: the batch copies them before its next edit."""
+        self._lists_out = True
+        return self.seqs, self.token_lists
+
+    def _own_lists(self) -> None:
+        self.seqs, self.token_lists, self._lists_out = list(self.seqs), list(self.token_lists), False
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """One decode token per sequence through the cursor: the step's (i32[3, S] positions /

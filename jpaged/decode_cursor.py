@@ -101,7 +101,8 @@ class PagedDecodeCursor:
     (`_tables_out`) and copied before it is written again.
     """
 
-    __slots__ = ("kv", "_row_list", "_rows", "_state", "_tables", "_tables_out", "_blocks_in_use", "_due", "_t")
+    __slots__ = ("kv", "_row_list", "_rows", "_state", "_increment", "_tables", "_tables_out", "_blocks_in_use",
+                 "_due", "_t")
 
     def __init__(self, kv: BlockManager, rows: list[int], capacity: int = 8):
         """(`capacity` is unused: the buffers follow the batch's size.)"""
@@ -112,6 +113,7 @@ class PagedDecodeCursor:
         self._rows[:n] = rows
         positions = kv.num_tokens.take(self._rows[:n])  # i32[n] position of each row's next token
         self._state = state = np.zeros((3, len(self._rows)), np.int32)  # the next step's positions, slots, context lengths
+        self._increment = _increment(n, len(self._rows))  # i32[3, S] what a step adds to it
         state[0, :n] = positions
         state[2, :n] = positions
         state[2, :n] += 1
@@ -147,6 +149,7 @@ class PagedDecodeCursor:
         state[1, n] = int(kv.block_tables[row, logical]) * bs + offset if offset else 0
         state[2, n] = p + 1
         self._due[(self._t - p) % bs].append(row)
+        self._increment = _increment(n + 1, len(self._rows))
         if logical + 1 > self._blocks_in_use:
             self._blocks_in_use = logical + 1
         width = _table_width(kv, self._blocks_in_use)
@@ -171,6 +174,7 @@ class PagedDecodeCursor:
         self._rows[last] = 0
         state[:, last] = 0
         tables[last] = 0
+        self._increment = _increment(last, len(self._rows))
         if p // bs + 1 >= self._blocks_in_use:  # it may have been the longest: the width is the rest's
             # (Their next tokens' blocks: as the next step will see them, crossings included.)
             self._blocks_in_use = int(state[0, :last].max()) // bs + 1 if last else 1
@@ -195,7 +199,7 @@ class PagedDecodeCursor:
             self._open_blocks(crossing, state)
         # (Padding rows write 0 into reserved row 0's count, which stays 0.)
         kv.num_tokens.put(self._rows, state[2])
-        self._state = state + _increment(len(self._row_list), len(self._rows))
+        self._state = state + self._increment
         self._t += 1
         self._tables_out = True
         return state, self._tables
@@ -203,10 +207,12 @@ class PagedDecodeCursor:
     def _open_blocks(self, crossing: list[int], state: np.ndarray) -> None:
         """Fresh blocks for the rows whose token this step starts a block."""
         kv, bs, row_list = self.kv, self.kv.block_size, self._row_list
-        # In batch order, as `append_slots` would take them (the same blocks for the same steps).
-        index = sorted(map(row_list.index, crossing)) if len(crossing) > 1 else [row_list.index(crossing[0])]
-        logical = [int(state[0, i]) // bs for i in index]
-        blocks = kv.open_blocks([row_list[i] for i in index], logical)
+        if len(crossing) == 1:
+            index = [row_list.index(crossing[0])]
+        else:  # in batch order, as `append_slots` would take them (the same blocks for the same steps)
+            index = sorted(map(row_list.index, crossing))
+            crossing = [row_list[i] for i in index]
+        blocks, logical = kv.open_next_blocks(crossing)
         slots = state[1]
         for i, block in zip(index, blocks):
             slots[i] = block * bs
@@ -240,3 +246,4 @@ class PagedDecodeCursor:
             np.zeros((size, self._tables.shape[1]), np.int32)
         rows[:keep], state[:, :keep], tables[:keep] = self._rows[:keep], self._state[:, :keep], self._tables[:keep]
         self._rows, self._state, self._tables, self._tables_out = rows, state, tables, False
+        self._increment = _increment(len(self._row_list), size)

@@ -94,6 +94,9 @@ class KVCacheManager(Protocol):
         """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
         of blocks; `may_share=False` promises no row shares its last block with a fork."""
 
+    def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
+        """`append_slots` for one row and `count` tokens (a prompt chunk)."""
+
     def decode_cursor(self, rows: list[int], capacity: int = 8) -> DecodeCursor:
         """A cursor over `rows` (no forked siblings) with buffers for `capacity` rows: each `step()`
         gives every row one more slot and returns the step's arrays, or None (nothing changed)

@@ -206,17 +206,19 @@ class Scheduler:
         num_preempted = 0
         while True:
             batch = self._running_batch()
-            seqs, rows = batch.seqs, batch.rows
+            seqs = batch.seqs
             chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
             if chunks:
+                rows = batch.rows
                 chunk_rows = bm.rows_of([s.seq_id for s, _ in chunks])
                 chunk_counts = np.array([c for _, c in chunks], dtype=np.int64)
                 all_rows = np.concatenate([rows, chunk_rows])
                 counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
                 appended = bm.append_slots(all_rows, counts)
-            elif not len(rows):
+            elif not seqs:
                 return num_preempted
             elif self._num_multi_running:  # only forked sequences (n > 1, beams) can write into a shared block
+                rows = batch.rows
                 appended = bm.append_slots(rows)
             else:  # the steady state, one sequence per group: (step arrays, block tables)
                 appended = batch.step()
@@ -230,7 +232,7 @@ class Scheduler:
         slots, copies = appended
         batch.advance()  # its slots came from append_slots: its cursor no longer holds
         if not chunks:
-            builder.add(list(seqs), rows.copy(), None, slots, copies)  # (the batch changes in place later)
+            builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
             return num_preempted
         builder.add(seqs + [s for s, _ in chunks], all_rows, counts, slots, copies)
@@ -437,10 +439,10 @@ class Scheduler:
 
     def _schedule_chunk(self, builder: PlanBuilder, budget: list[int], seq: Sequence, count: int) -> None:
         """Slots for the next `count` tokens of a sequence just admitted (room was checked)."""
-        rows = np.array([self.block_manager.row_of(seq.seq_id)], dtype=np.int64)
-        counts = np.array([count], dtype=np.int64)
-        slots, copies = self.block_manager.append_slots(rows, counts)
-        builder.add([seq], rows, counts, slots, copies)
+        bm = self.block_manager
+        row = bm.row_of(seq.seq_id)
+        slots, copies = bm.append_row(row, count)
+        builder.add_chunk(seq, row, count, bm.num_slots(seq.seq_id), slots, copies)
         budget[0] -= count
 
     def _may_admit(self) -> bool:
@@ -505,8 +507,8 @@ class Scheduler:
         """Decoding sequences of the running groups (partial ones excluded) and their block-table
         rows: the kept batch, brought up to date with the events since the last step."""
         batch = self._batch
-        running = SequenceStatus.RUNNING
         if batch is None:
+            running = SequenceStatus.RUNNING
             if not self._partial and self._num_multi_running == 0:  # one running sequence per group
                 seqs = [g.seqs[0] for g in self.running]
             else:
@@ -521,6 +523,7 @@ class Scheduler:
             self._batch_drops.clear()
         if self._batch_joins:
             # (A group that left running since has no running sequence: preempted or ended.)
+            running = SequenceStatus.RUNNING
             for group in self._batch_joins:
                 if group.is_single:
                     if group.seqs[0].status is running and group not in self._partial:

@@ -32,6 +32,7 @@ _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
 
 
+@functools.lru_cache(maxsize=4096)  # (called several times a step: a cached answer is four times cheaper)
 def bucket(n: int, minimum: int = 8) -> int:
     """The padded size of a dimension of length n: max(n, minimum) rounded up to a multiple of a
     quarter of the power of two below it, i.e. two sizes per doubling above 4 (8, 12, 16, 24, 32,
@@ -166,14 +167,17 @@ class StepPlan:
 class PlanBuilder:
     """Collects a step's scheduled rows, then lays them out as a padded StepPlan.
 
-    Each `add` is a segment: sequences, their block-table rows, how many new tokens each (None:
-    one each, the decode case), and the slots and copy pairs `append_slots` gave them.
+    The running batch's decodes come as its cursor's arrays (`add_decodes`); every other scheduled
+    sequence is a record (sequence, block-table row, new tokens, context after the step) with the
+    slots `append_slots` gave its new tokens: `add_chunk` for one sequence, `add` for several.
     """
 
     def __init__(self, kv_manager: KVCacheManager):
         self.kv = kv_manager
-        self._segments: list[tuple[list[Sequence], np.ndarray, np.ndarray | None, np.ndarray]] = []
-        # (running batch, its step arrays, block tables) when the batch's decodes are a segment
+        self._records: list[tuple[Sequence, int, int, int]] = []  # (seq, row, new tokens, context after)
+        self._slots: list[np.ndarray] = []  # i32 slots of the records' new tokens, record after record
+        self._num_decodes = 0  # records that run a sampled token (not a prompt chunk)
+        # (running batch, its step arrays, block tables) when the batch's decodes lead the step
         self._decodes: tuple[DecodeBatch, np.ndarray, np.ndarray] | None = None
         self._copies: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
@@ -181,13 +185,28 @@ class PlanBuilder:
 
     def add(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None, slots: np.ndarray,
             copies: list[tuple[int, int]]) -> None:
-        """Adds scheduled sequences (their slots are already taken: `kv.num_tokens` includes them)."""
-        self._segments.append((seqs, rows, counts, slots))
+        """Adds scheduled sequences: `counts[i]` new tokens each (None: one each, their sampled
+        tokens), whose slots are already taken (`kv.num_tokens` includes them)."""
+        ends = self.kv.num_tokens.take(rows).tolist()
+        if counts is None:
+            self._num_decodes += len(seqs)
+            self._records += zip(seqs, rows.tolist(), [1] * len(seqs), ends)
+        else:
+            self._records += zip(seqs, rows.tolist(), counts.tolist(), ends)
+        self._slots.append(slots)
+        if copies:
+            self._copies += copies
+
+    def add_chunk(self, seq: Sequence, row: int, count: int, end: int, slots: np.ndarray,
+                  copies: list[tuple[int, int]]) -> None:
+        """Adds one sequence's next `count` prompt tokens, up to context `end`, with their slots."""
+        self._records.append((seq, row, count, end))
+        self._slots.append(slots)
         if copies:
             self._copies += copies
 
     def add_decodes(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> None:
-        """Adds the running batch's decodes, one token each, as the step's first segment, with the
+        """Adds the running batch's decodes, one token each, as the step's first rows, with the
         arrays its cursor's step returned: state i32[3, S] (positions, slots, context lengths),
         tables i32[S, M]."""
         self._decodes = batch, state, tables
@@ -202,13 +221,16 @@ class PlanBuilder:
 
     def build(self, all_single: bool) -> StepPlan:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
-        segments = self._segments
-        if self._decodes is not None:
-            if not segments and not self._swap_out:
+        if not self._records:
+            if self._decodes is not None:
                 return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
-            batch, state, _ = self._decodes  # (its lists change in place later: copied)
-            segments = [(list(batch.seqs), batch.rows.copy(), None, state[1, : len(batch.seqs)])] + segments
-        plan = self._general_plan(segments, all_single)
+            plan = self._decode_plan()  # nothing runs: block operations only, if any
+        elif self._decodes is None and self._num_decodes == len(self._records):
+            plan = self._decode_plan()  # decodes only (forks, swapped-in groups)
+        else:
+            plan = self._mixed_plan()
+        plan.sampling = self._sample_rows(all_single)
+        plan.num_prefill_tokens = plan.num_tokens - plan.num_seqs + len(self._records) - self._num_decodes
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
         if self._swap_in:
@@ -220,108 +242,89 @@ class PlanBuilder:
     def _batch_plan(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> StepPlan:
         """The running batch's decode step (no forks, no block copies): the cursor's arrays as
         they are, the token ids, and what the batch knows about stops."""
-        seqs = list(batch.seqs)  # (the batch changes in place later)
+        seqs, token_lists = batch.handed_out()
         n, size = len(seqs), state.shape[1]
         token_ids = np.zeros(size, np.int32)
         last_tokens = batch.last_tokens()
         if last_tokens is not None:
             token_ids[:n] = last_tokens
         else:  # (fromiter beats a list comprehension's setitem here)
-            token_ids[:n] = np.fromiter(map(_last, batch.token_lists), np.int32, n)
+            token_ids[:n] = np.fromiter(map(_last, token_lists), np.int32, n)
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, list(batch.token_lists),
+        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, token_lists,
                               batch.length_stops(), batch)
-        return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables,
-                        logits_indices, sampling, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, self._swap_in_pairs(), seqs)
+        # (A group swapped in mid-prompt adds swap-in pairs but no rows; a preempted one swap-out pairs.)
+        return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables, logits_indices,
+                        sampling, 0, _EMPTY_PAIRS, pairs_array(self._swap_in), pairs_array(self._swap_out), seqs)
 
-    def _swap_in_pairs(self) -> np.ndarray:
-        """i32[P, 2] the step's swap-in pairs (a group swapped in mid-prompt adds none to the rows)."""
-        return pairs_array(self._swap_in) if self._swap_in else _EMPTY_PAIRS
-
-    def _general_plan(self, segments, all_single: bool) -> StepPlan:
-        """Any mix of segments (prompt chunks, decodes, swapped-in groups, forks)."""
-        if all(seg[2] is None for seg in segments):  # decodes only (forks, swapped-in groups)
-            if len(segments) == 1:
-                seqs, rows, _, slots = segments[0]
-            else:
-                seqs = [s for seg in segments for s in seg[0]]
-                rows = np.concatenate([seg[1] for seg in segments]) if segments else np.zeros(0, np.int64)
-                slots = np.concatenate([seg[3] for seg in segments]) if segments else np.zeros(0, np.int32)
-            plan = self._decode_plan(seqs, rows, slots)
-        else:
-            plan = self._mixed_plan(segments)
-        plan.sampling = _sample_rows(self.kv, segments, all_single)
-        plan.num_prefill_tokens = plan.num_tokens - sum(len(seg[0]) for seg in segments if seg[2] is None)
-        return plan
-
-    def _table(self, rows: np.ndarray, longest: int, size: int) -> np.ndarray:
+    def _table(self, rows: list[int], longest: int, size: int) -> np.ndarray:
         """i32[size, M] the rows' block tables, M bucketed to the longest context, padding rows 0."""
         kv = self.kv
         width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
         # take() along axis 0 copies whole rows in one pass: several times cheaper than fancy
         # indexing with a column slice on batches of tens of rows.
-        gathered = kv.block_tables.take(rows, axis=0)
-        if len(rows) == size:
-            return gathered if width == gathered.shape[1] else np.ascontiguousarray(gathered[:, :width])
-        tables = np.zeros((size, width), np.int32)
-        tables[: len(rows)] = gathered[:, :width]
-        return tables
+        tables = kv.block_tables.take(rows + [0] * (size - len(rows)), axis=0)
+        return tables if width == tables.shape[1] else np.ascontiguousarray(tables[:, :width])
 
-    def _decode_plan(self, seqs: list[Sequence], rows: np.ndarray, slots: np.ndarray) -> StepPlan:
-        """One token per sequence, its last: T == S."""
-        n = len(seqs)
+    def _decode_plan(self) -> StepPlan:
+        """The records (if any) compute one token each, their last: T == S."""
+        records = self._records
+        n = len(records)
         size = bucket(n)
         # One allocation for the four per-row vectors.
         token_ids, positions, slot_mapping, context_lens = np.zeros((4, size), np.int32)
-        lengths = self.kv.num_tokens.take(rows)  # tokens with a slot, this step's included
-        context_lens[:n] = lengths
-        np.subtract(lengths, 1, out=positions[:n])
-        slot_mapping[:n] = slots
-        token_ids[:n] = [s.token_ids[-1] for s in seqs]
+        if n:
+            seqs, rows, _, ends = map(list, zip(*records))
+            context_lens[:n] = ends
+            np.subtract(context_lens[:n], 1, out=positions[:n])
+            np.concatenate(self._slots, out=slot_mapping[:n])
+            token_ids[:n] = [s.token_ids[-1] for s in seqs]
+        else:
+            seqs, rows, ends = [], [], [1]
         query_start_loc, logits_indices = _decode_ranges(n, size)
-        tables = self._table(rows, int(lengths.max()) if n else 1, size)
         return StepPlan(n, n, 1 if n else 0, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        tables, logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, _EMPTY_PAIRS, seqs)
+                        self._table(rows, max(ends), size), logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS,
+                        _EMPTY_PAIRS, seqs)
 
-    def _mixed_plan(self, segments) -> StepPlan:
-        """Any mix: sequence i computes the last q_i positions of its context (q_i = 1 in a decode
-        segment). The running batch's decodes, when they lead, come as their cursor's arrays; the
-        other rows (admissions, chunks: a few sequences) are built as Python lists that become
+    def _mixed_plan(self) -> StepPlan:
+        """Any mix: sequence i computes the last q_i positions of its context (q_i = 1 for a
+        decode). The running batch's decodes, when they lead, come as their cursor's arrays; the
+        records (admissions, chunks: a few sequences) are built as Python lists that become
         arrays in one call each, their prompt tokens as slices of `Sequence.prompt_array`."""
         kv = self.kv
         every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
         seqs: list[Sequence] = []
         token_parts: list[np.ndarray] = []  # the rows' token ids in order: prompt slices, runs of singles
+        position_parts: list[np.ndarray] = []  # the same for their positions
         singles: list[int] = []  # a run of one-token rows' ids not yet in token_parts
-        position_parts: list[np.ndarray] = []  # views of every_position (or the cursor's positions)
         ends: list[int] = []  # context of each sequence after this step's writes
         query_lens: list[int] = []
-        rest = segments
-        if self._decodes is not None:  # the step's first segment
+        rows: list[int] = []
+        slot_parts = self._slots
+        if self._decodes is not None:  # the step's first rows
             batch, state, _ = self._decodes
             n = len(batch.seqs)
+            seqs += batch.seqs
+            rows += batch.rows.tolist()
             singles = [ids[-1] for ids in batch.token_lists]
             position_parts.append(state[0, :n])
             ends = state[2, :n].tolist()
             query_lens = [1] * n
-            rest = segments[1:]
-            seqs += batch.seqs
-        for seg_seqs, rows, counts, _ in rest:
-            seg_ends = kv.num_tokens.take(rows).tolist()
-            seg_counts = [1] * len(seg_seqs) if counts is None else counts.tolist()
-            for seq, count, end in zip(seg_seqs, seg_counts, seg_ends):
-                if count == 1:  # a decode (or a one-token chunk)
-                    singles.append(seq.token_ids[end - 1])
-                else:
-                    if singles:
-                        token_parts.append(np.array(singles, np.int32))
-                        singles = []
-                    token_parts.append(seq.prompt_array[end - count: end] if end <= seq.prompt_len
-                                       else np.array(seq.token_ids[end - count: end], np.int32))
-                position_parts.append(every_position[end - count: end])
-            seqs += seg_seqs
-            ends += seg_ends
-            query_lens += seg_counts
+            slot_parts = [state[1, :n]] + slot_parts
+        for seq, row, count, end in self._records:
+            seqs.append(seq)
+            rows.append(row)
+            ends.append(end)
+            query_lens.append(count)
+            position_parts.append(every_position[end - count: end])
+            if count == 1:  # a decode (or a one-token chunk)
+                singles.append(seq.token_ids[end - 1])
+                continue
+            if singles:
+                token_parts.append(np.array(singles, np.int32))
+                singles = []
+            token_parts.append(seq.prompt_array[end - count: end] if end <= seq.prompt_len
+                               else np.array(seq.token_ids[end - count: end], np.int32))
         if singles:
             token_parts.append(np.array(singles, np.int32))
         query_start_loc = list(itertools.accumulate(query_lens, initial=0))
@@ -332,56 +335,45 @@ class PlanBuilder:
                                                       np.int32)
         np.concatenate(token_parts, out=token_ids[:total])
         np.concatenate(position_parts, out=positions[:total])
-        np.concatenate([seg[3] for seg in segments], out=slot_mapping[:total])
+        np.concatenate(slot_parts, out=slot_mapping[:total])
         padding = [0] * (size_s - n)
         context_lens, logits_indices = np.array([ends + padding, [q - 1 for q in query_start_loc[1:]] + padding],
                                                 np.int32)
         query_start_loc = np.array(query_start_loc + [total] * (size_s - n), np.int32)
-        rows = np.concatenate([seg[1] for seg in segments])
         return StepPlan(n, total, longest_query, token_ids, positions, slot_mapping, query_start_loc, context_lens,
                         self._table(rows, max(ends), size_s), logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS,
                         _EMPTY_PAIRS, seqs)
 
-
-@functools.lru_cache(maxsize=8)
-def _arange(n: int) -> np.ndarray:
-    """i32[n] 0, 1, ..., n - 1 (read-only, shared)."""
-    values = np.arange(n, dtype=np.int32)
-    values.flags.writeable = False
-    return values
-
-
-def _sample_rows(kv: KVCacheManager, segments, all_single: bool) -> SampleRows | None:
-    """Rows to sample: every sequence that computed its last token (see SampleRows).
-
-    Decode segments (counts None) sample every sequence; chunk segments only the sequences whose
-    chunk reaches their end (their slots, `kv.num_tokens`, cover all their tokens). With
-    `all_single` no row forks or searches beams (the fast path).
-    """
-    if all_single and len(segments) == 1 and segments[0][2] is None:  # the steady state: all decode
-        n = len(segments[0][0])
-        return SampleRows(segments[0][0], _decode_ranges(n, bucket(n))[1][:n], None, 0, True, [])
-    seqs: list[Sequence] = []
-    logits_rows: list[int] = []
-    indices: list[int] = []
-    firsts: list = []
-    num_top = 0
-    plain = True
-    offset = 0
-    for seg_seqs, seg_rows, counts, _ in segments:
-        if counts is None and all_single:
-            seqs += seg_seqs
-            logits_rows += range(offset, offset + len(seg_seqs))
-            offset += len(seg_seqs)
-            continue
-        ends = kv.num_tokens.take(seg_rows).tolist()
-        for row, seq, end in zip(itertools.count(offset), seg_seqs, ends):
+    def _sample_rows(self, all_single: bool) -> SampleRows | None:
+        """Rows to sample: every sequence that computed its last token (see SampleRows). The
+        batch's decodes all sample; a record samples when its context reaches its end (a chunk
+        that stops short does not). With `all_single` no row forks or searches beams. (The batch
+        decodes through its cursor only while no running group had several sequences: its rows
+        neither fork nor search beams, though a group admitted after them in the step may.)"""
+        seqs: list[Sequence] = []
+        logits_rows: list[int] = []
+        indices: list[int] = []
+        firsts: list = []
+        num_top = 0
+        plain = True
+        offset = 0
+        if self._decodes is not None:
+            seqs += self._decodes[0].seqs
+            offset = len(seqs)
+            logits_rows += range(offset)
+            if not all_single:
+                indices += [s.index for s in seqs]
+        for row, (seq, _, _, end) in enumerate(self._records, offset):
             if end != len(seq.token_ids):
                 continue  # a prompt chunk that does not reach its end: nothing to sample yet
             group = seq.group
             if group.first_token_time is None:
                 firsts.append(group)
             params = group.sampling_params
+            if all_single:
+                seqs.append(seq)
+                logits_rows.append(row)
+                continue
             if params.use_beam_search:
                 num_top = max(num_top, 2 * params.n)
                 plain = False
@@ -391,8 +383,15 @@ def _sample_rows(kv: KVCacheManager, segments, all_single: bool) -> SampleRows |
                 seqs.append(seq)
                 logits_rows.append(row)
                 indices.append(i if fan_out > 1 else seq.index)
-        offset += len(seg_seqs)
-    if not seqs:
-        return None
-    return SampleRows(seqs, np.asarray(logits_rows, np.int32), None if all_single else indices, num_top,
-                      plain, firsts)
+        if not seqs:
+            return None
+        return SampleRows(seqs, np.array(logits_rows, np.int32), None if all_single else indices, num_top,
+                          plain, firsts)
+
+
+@functools.lru_cache(maxsize=8)
+def _arange(n: int) -> np.ndarray:
+    """i32[n] 0, 1, ..., n - 1 (read-only, shared)."""
+    values = np.arange(n, dtype=np.int32)
+    values.flags.writeable = False
+    return values

@@ -263,6 +263,10 @@ class ContiguousBlockManager:
         slots = np.arange(int(counts.sum())) + np.repeat(base * bs + pos - starts, counts)
         return slots.astype(np.int32), copies
 
+    def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """`append_slots` for one row and `count` tokens."""
+        return self.append_slots(np.array([row], np.int64), np.array([count], np.int64))
+
     def decode_cursor(self, rows: list[int], capacity: int = 8) -> AppendCursor:
         """The generic cursor over `append_slots` (appending never fails here)."""
         return AppendCursor(self, rows, capacity)
