@@ -336,6 +336,18 @@ class BlockManager:
             refs[block] = 1
         self._row_blocks[row] = first + count
 
+    def blocks_needed(self, rows: list[int], counts: list[int] | None = None) -> int:
+        """Blocks `append_slots(rows, counts)` would take now: new ones past each row's last full
+        block, plus a copy of a shared last block about to be written (counted per row)."""
+        bs, width, tables, refs = self.block_size, self.max_blocks_per_seq, self._tables, self._refs
+        total = 0
+        for i, row in enumerate(rows):
+            pos, have = self._row_tokens[row], self._row_blocks[row]
+            total += -(-(pos + (1 if counts is None else counts[i])) // bs) - have
+            if pos % bs and refs[tables[row * width + have - 1]] > 1:
+                total += 1
+        return total
+
     def _append_one(self, rows: np.ndarray, may_share: bool) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         # Every decode step, for every sequence: a handful of whole-batch numpy operations, with a
         # Python loop only over the rows that open a block (or copy a shared one).

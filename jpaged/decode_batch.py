@@ -142,6 +142,12 @@ class DecodeBatch:
             self.num_steps += 1
         return arrays
 
+    def blocks_needed(self) -> int:
+        """Blocks the next `step` takes."""
+        if self.cursor is None:
+            self.cursor = self.kv.decode_cursor(self.rows.tolist(), len(self._rows))
+        return self.cursor.blocks_needed()
+
     def advance(self) -> None:
         """Counts one more decode step of the whole batch, whose slots came another way
         (`append_slots`: chunks or forks in the step); the cursor no longer holds."""

@@ -74,6 +74,10 @@ class AppendCursor:
         self._rows[last] = 0
         self._n = last
 
+    def blocks_needed(self) -> int:
+        """Blocks the next `step` takes."""
+        return self.kv.blocks_needed(self._rows[: self._n].tolist())
+
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more
         token per row, padding rows zero; None (nothing changed) when blocks run out."""
@@ -185,6 +189,10 @@ class PagedDecodeCursor:
                 self._regather(width)
         if bucket(last) < len(self._rows):
             self._resize(bucket(last))
+
+    def blocks_needed(self) -> int:
+        """Blocks the next `step` takes: one per row whose token starts a block."""
+        return len(self._due[self._t % self.kv.block_size])
 
     def step(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more

@@ -94,6 +94,9 @@ class KVCacheManager(Protocol):
         """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
         of blocks; `may_share=False` promises no row shares its last block with a fork."""
 
+    def blocks_needed(self, rows: list[int], counts: list[int] | None = None) -> int:
+        """Blocks `append_slots(rows, counts)` would take now (its check against `num_free_blocks`)."""
+
     def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """`append_slots` for one row and `count` tokens (a prompt chunk)."""
 

@@ -201,41 +201,68 @@ class Scheduler:
         return SchedulerOutput(plan, admitted, self._rejected, preempted, preempted > 0 or self._held_back)
 
     def _schedule_running(self, builder: PlanBuilder, budget: list[int]) -> int:
-        """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones."""
+        """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones. The
+        decodes and the chunks get their slots all or nothing: while blocks are short, the
+        latest-arrived group is preempted."""
+        if self._num_multi_running:
+            return self._schedule_running_forked(builder, budget)
+        bm = self.block_manager
+        num_preempted = 0
+        while True:  # one sequence per group: the batch decodes through its cursor
+            batch = self._running_batch()
+            seqs = batch.seqs
+            chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
+            if not chunks:
+                if not seqs:
+                    return num_preempted
+                decoded = batch.step()  # the steady state: (step arrays, block tables)
+                if decoded is not None:
+                    builder.add_decodes(batch, *decoded)
+                    budget[0] -= len(seqs)
+                    return num_preempted
+            else:
+                chunk_rows = [bm.row_of(s.seq_id) for s, _ in chunks]
+                chunk_counts = [c for _, c in chunks]
+                if (batch.blocks_needed() if seqs else 0) + bm.blocks_needed(chunk_rows, chunk_counts) \
+                        <= bm.num_free_blocks:
+                    break
+            num_preempted += self._preempt_latest()
+        if seqs:  # (room was checked: neither can fail now)
+            builder.add_decodes(batch, *batch.step())
+            budget[0] -= len(seqs)
+        for (seq, count), row in zip(chunks, chunk_rows):
+            slots, copies = bm.append_row(row, count)
+            builder.add_chunk(seq, row, count, bm.num_slots(seq.seq_id), slots, copies)
+            budget[0] -= count
+        self._after_chunks([s for s, _ in chunks])
+        return num_preempted
+
+    def _schedule_running_forked(self, builder: PlanBuilder, budget: list[int]) -> int:
+        """Pass 1 while some running group has several sequences (n > 1, beams): they may write
+        into a shared block, so every row goes through `append_slots` (copy-on-write)."""
         bm = self.block_manager
         num_preempted = 0
         while True:
             batch = self._running_batch()
             seqs = batch.seqs
             chunks = self._plan_partial(budget[0] - len(seqs)) if self._partial else []
-            if chunks:
-                rows = batch.rows
-                chunk_rows = bm.rows_of([s.seq_id for s, _ in chunks])
-                chunk_counts = np.array([c for _, c in chunks], dtype=np.int64)
-                all_rows = np.concatenate([rows, chunk_rows])
-                counts = np.concatenate([np.ones(len(rows), np.int64), chunk_counts])
-                appended = bm.append_slots(all_rows, counts)
-            elif not seqs:
+            if not seqs and not chunks:
                 return num_preempted
-            elif self._num_multi_running:  # only forked sequences (n > 1, beams) can write into a shared block
-                rows = batch.rows
-                appended = bm.append_slots(rows)
-            else:  # the steady state, one sequence per group: (step arrays, block tables)
-                appended = batch.step()
+            rows, counts = batch.rows, None
+            if chunks:
+                rows = np.concatenate([rows, bm.rows_of([s.seq_id for s, _ in chunks])])
+                counts = np.array([1] * len(seqs) + [c for _, c in chunks], dtype=np.int64)
+            appended = bm.append_slots(rows, counts)
             if appended is not None:
                 break
             num_preempted += self._preempt_latest()
-        if not chunks and not self._num_multi_running:
-            builder.add_decodes(batch, *appended)
-            budget[0] -= len(seqs)
-            return num_preempted
         slots, copies = appended
         batch.advance()  # its slots came from append_slots: its cursor no longer holds
         if not chunks:
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
             return num_preempted
-        builder.add(seqs + [s for s, _ in chunks], all_rows, counts, slots, copies)
+        builder.add(seqs + [s for s, _ in chunks], rows, counts, slots, copies)
         budget[0] -= len(slots)
         self._after_chunks([s for s, _ in chunks])
         return num_preempted

@@ -288,61 +288,60 @@ class PlanBuilder:
 
     def _mixed_plan(self) -> StepPlan:
         """Any mix: sequence i computes the last q_i positions of its context (q_i = 1 for a
-        decode). The running batch's decodes, when they lead, come as their cursor's arrays; the
-        records (admissions, chunks: a few sequences) are built as Python lists that become
-        arrays in one call each, their prompt tokens as slices of `Sequence.prompt_array`."""
-        kv = self.kv
-        every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
-        seqs: list[Sequence] = []
-        token_parts: list[np.ndarray] = []  # the rows' token ids in order: prompt slices, runs of singles
-        position_parts: list[np.ndarray] = []  # the same for their positions
-        singles: list[int] = []  # a run of one-token rows' ids not yet in token_parts
-        ends: list[int] = []  # context of each sequence after this step's writes
-        query_lens: list[int] = []
-        rows: list[int] = []
-        slot_parts = self._slots
-        if self._decodes is not None:  # the step's first rows
-            batch, state, _ = self._decodes
-            n = len(batch.seqs)
-            seqs += batch.seqs
-            rows += batch.rows.tolist()
-            singles = [ids[-1] for ids in batch.token_lists]
-            position_parts.append(state[0, :n])
-            ends = state[2, :n].tolist()
-            query_lens = [1] * n
-            slot_parts = [state[1, :n]] + slot_parts
-        for seq, row, count, end in self._records:
-            seqs.append(seq)
-            rows.append(row)
-            ends.append(end)
-            query_lens.append(count)
-            position_parts.append(every_position[end - count: end])
-            if count == 1:  # a decode (or a one-token chunk)
-                singles.append(seq.token_ids[end - 1])
-                continue
-            if singles:
-                token_parts.append(np.array(singles, np.int32))
-                singles = []
-            token_parts.append(seq.prompt_array[end - count: end] if end <= seq.prompt_len
-                               else np.array(seq.token_ids[end - count: end], np.int32))
-        if singles:
-            token_parts.append(np.array(singles, np.int32))
-        query_start_loc = list(itertools.accumulate(query_lens, initial=0))
-        n, total, longest_query = len(seqs), query_start_loc[-1], max(query_lens)
+        decode). The running batch's decodes, when they lead, are copied in from their cursor's
+        arrays; each record (admissions, chunks: a few sequences) fills its rows with slices, its
+        prompt tokens from `Sequence.prompt_array`."""
+        kv, records = self.kv, self._records
+        n_b = 0 if self._decodes is None else len(self._decodes[0].seqs)  # the batch's rows lead
+        n = n_b + len(records)
+        counts = [count for _, _, count, _ in records]
+        ends = [end for _, _, _, end in records]  # context of each record after this step's writes
+        total, longest_query = n_b + sum(counts), max(counts)
         size_s = bucket(n)
         # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
         token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
                                                       np.int32)
-        np.concatenate(token_parts, out=token_ids[:total])
-        np.concatenate(position_parts, out=positions[:total])
-        np.concatenate(slot_parts, out=slot_mapping[:total])
-        padding = [0] * (size_s - n)
-        context_lens, logits_indices = np.array([ends + padding, [q - 1 for q in query_start_loc[1:]] + padding],
-                                                np.int32)
-        query_start_loc = np.array(query_start_loc + [total] * (size_s - n), np.int32)
+        context_lens = np.zeros(size_s, np.int32)
+        query_start_loc = np.full(size_s + 1, total, np.int32)  # padded sequences own no rows
+        query_start_loc[0] = 0
+        seqs: list[Sequence] = []
+        longest = max(ends)
+        if n_b:
+            batch, state, batch_tables = self._decodes
+            seqs += batch.seqs
+            last_tokens = batch.last_tokens()
+            token_ids[:n_b] = last_tokens if last_tokens is not None else np.fromiter(
+                map(_last, batch.token_lists), np.int32, n_b)
+            positions[:n_b] = state[0, :n_b]
+            slot_mapping[:n_b] = state[1, :n_b]
+            context_lens[:n_b] = state[2, :n_b]
+            query_start_loc[1: n_b + 1] = _decode_ranges(n_b, bucket(n_b))[0][1: n_b + 1]  # one row each
+            longest = max(longest, int(state[2, :n_b].max()))
+        every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
+        start = n_b
+        for i, (seq, _, count, end) in enumerate(records, n_b + 1):
+            seqs.append(seq)
+            stop = start + count
+            if count == 1:  # a decode (or a one-token chunk)
+                token_ids[start] = seq.token_ids[end - 1]
+            else:
+                token_ids[start:stop] = (seq.prompt_array[end - count: end] if end <= seq.prompt_len
+                                         else seq.token_ids[end - count: end])
+            positions[start:stop] = every_position[end - count: end]
+            query_start_loc[i] = stop
+            start = stop
+        np.concatenate(self._slots, out=slot_mapping[n_b:total])
+        context_lens[n_b:n] = ends
+        logits_indices = query_start_loc[1:] - 1
+        logits_indices[n:] = 0
+        # Block tables: the batch's from its cursor, the records' gathered, to the longest's width.
+        width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
+        tables = np.zeros((size_s, width), np.int32)
+        if n_b:
+            tables[:n_b, : batch_tables.shape[1]] = batch_tables[:n_b]
+        tables[n_b:n] = kv.block_tables.take([row for _, row, _, _ in records], axis=0)[:, :width]
         return StepPlan(n, total, longest_query, token_ids, positions, slot_mapping, query_start_loc, context_lens,
-                        self._table(rows, max(ends), size_s), logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS,
-                        _EMPTY_PAIRS, seqs)
+                        tables, logits_indices, None, 0, _EMPTY_PAIRS, _EMPTY_PAIRS, _EMPTY_PAIRS, seqs)
 
     def _sample_rows(self, all_single: bool) -> SampleRows | None:
         """Rows to sample: every sequence that computed its last token (see SampleRows). The

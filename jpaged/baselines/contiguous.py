@@ -263,6 +263,10 @@ class ContiguousBlockManager:
         slots = np.arange(int(counts.sum())) + np.repeat(base * bs + pos - starts, counts)
         return slots.astype(np.int32), copies
 
+    def blocks_needed(self, rows: list[int], counts: list[int] | None = None) -> int:
+        """0: appending never takes a block (each region was reserved whole at admission)."""
+        return 0
+
     def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """`append_slots` for one row and `count` tokens."""
         return self.append_slots(np.array([row], np.int64), np.array([count], np.int64))
