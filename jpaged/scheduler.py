@@ -34,7 +34,7 @@ from jpaged.config import CacheConfig, SchedulerConfig
 from jpaged.decode_batch import DecodeBatch
 from jpaged.kv_manager import AllocStatus, KVCacheManager
 from jpaged.sequence import Sequence, SequenceGroup, SequenceStatus
-from jpaged.step_plan import PlanBuilder, StepPlan
+from jpaged.step_plan import PlanBuilder, StepPlan, batch_plan
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,10 @@ class Scheduler:
         self._rejected: list[tuple[SequenceGroup, str]] = []
         self._held_back = False  # this step's admission stopped for lack of blocks
         # Admission of the queue's head is retried every step; while nothing it depends on has
-        # changed since it was held back, the retry is skipped (see _admit). The attempt's
-        # group, block events, running sequences, token budget left and free blocks:
-        self._held_back_at: tuple[SequenceGroup | None, int, int, int] = (None, -1, -1, -1)
+        # changed since it was held back, the retry is skipped (`_head_held_back`). The attempt's
+        # group, block events, running sequences, prompt tokens it had left, tokens it asked for
+        # and free blocks:
+        self._held_back_at: tuple[SequenceGroup | None, int, int, int, int] = (None, -1, -1, -1, -1)
         self._held_back_free = 0  # (fewer free blocks cannot be enough)
         self._kv_events = 0  # frees, admissions, forks, swaps and cache inserts so far (see _admit)
         self._builder: PlanBuilder | None = None
@@ -181,9 +182,19 @@ class Scheduler:
 
     def schedule_step(self) -> SchedulerOutput:
         """The three passes (policies that gate admission override `schedule` around this)."""
+        self._held_back = False
+        batch = self._batch
+        if batch is not None and not (self._batch_joins or self._batch_drops or self._partial or self.swapped
+                                      or self._num_multi_running):
+            # The decode fast path: the running set is as the last step left it and admission
+            # would stop at once, so the three passes come down to the batch's decode step.
+            tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
+            if self._nothing_to_admit(tokens_left):
+                decoded = batch.step()
+                if decoded is not None:
+                    return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, self._held_back)
         self._builder = builder = PlanBuilder(self.block_manager)
         self._rejected = []
-        self._held_back = False
         budget = [self.config.max_num_batched_tokens]  # tokens left this step (a cell the passes update)
         admitted: list[SequenceGroup] = []
         preempted = 0
@@ -386,19 +397,8 @@ class Scheduler:
         (`_share`) and join in the same step (paper: whole prompts) or in later ones (chunked).
         """
         bm = self.block_manager
-        while self.waiting and self._may_admit():
+        while not self._nothing_to_admit(budget[0]):
             group = self.waiting[0]
-            if self._num_running_seqs + group.width > self.config.max_num_seqs:
-                break
-            # What a held-back admission of the group depends on besides the free blocks (fewer of
-            # which cannot help): the group, every block event since (frees, admissions, forks,
-            # swaps, cache inserts: the group's length, its prefix hits and the running set change
-            # only with one), the running sequences (headroom, max_num_seqs) and the token budget.
-            held_group, events, num_running, tokens_left = self._held_back_at
-            if (group is held_group and self._kv_events == events and self._num_running_seqs == num_running
-                    and budget[0] == tokens_left and bm.num_free_blocks <= self._held_back_free):
-                self._held_back = True  # nothing changed since it was held back but fewer free blocks
-                break
             seqs = group.live_seqs() if not group.is_single else group.seqs
             leader, followers = seqs[0], seqs[1:]  # followers: a recomputed group's other sequences
             hits = (bm.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
@@ -419,10 +419,11 @@ class Scheduler:
                 room = min(budget[0], self.chunk_limit)
                 if room <= 0:
                     break
-                count = min(len(leader) - cached - (1 if followers else 0), room)  # 0: nothing until they join
+                remaining = len(leader) - cached - (1 if followers else 0)
+                count = min(remaining, room)  # 0: nothing until they join
                 extra_tokens = extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
-                count = len(leader.token_ids) - cached
+                remaining = count = len(leader.token_ids) - cached
                 extra_tokens = sum(len(f) - tokens for f, (_, tokens, _) in zip(followers, shares)) if followers else 0
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
@@ -436,7 +437,7 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER:
                 self._held_back = True
-                self._held_back_at = (group, self._kv_events, self._num_running_seqs, budget[0])
+                self._held_back_at = (group, self._kv_events, self._num_running_seqs, remaining, count)
                 self._held_back_free = bm.num_free_blocks
                 break
             self.waiting.popleft()
@@ -463,6 +464,30 @@ class Scheduler:
                 for seq in seqs:
                     if self._resident(seq) and len(seq.token_ids) >= bm.block_size:  # it has a full block
                         bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
+
+    def _nothing_to_admit(self, tokens_left: int) -> bool:
+        """Whether admission stops before trying the queue's head: nothing waits, admission is
+        closed, the head would pass max_num_seqs, or it was held back for lack of blocks and
+        nothing it depends on changed since (then `_held_back` is set).
+
+        Besides the free blocks (fewer of which cannot help), a held-back head depends on every
+        block event since (frees, admissions, forks, swaps, cache inserts: its length, its prefix
+        hits and the running set change only with one), the running sequences (headroom,
+        max_num_seqs) and how many tokens it would schedule: its prompt's rest, or what
+        `tokens_left` leaves of it (chunked prefill).
+        """
+        if not self.waiting or not self._may_admit():
+            return True
+        group = self.waiting[0]
+        if self._num_running_seqs + group.width > self.config.max_num_seqs:
+            return True
+        held_group, events, num_running, remaining, count = self._held_back_at
+        if (group is held_group and self._kv_events == events and self._num_running_seqs == num_running
+                and (not self.chunked or min(remaining, tokens_left, self.chunk_limit) == count)
+                and self.block_manager.num_free_blocks <= self._held_back_free):
+            self._held_back = True
+            return True
+        return False
 
     def _schedule_chunk(self, builder: PlanBuilder, budget: list[int], seq: Sequence, count: int) -> None:
         """Slots for the next `count` tokens of a sequence just admitted (room was checked)."""

@@ -164,6 +164,27 @@ class StepPlan:
         return np.diff(self.query_start_loc[: self.num_seqs + 1])
 
 
+def batch_plan(batch: DecodeBatch, state: np.ndarray, tables: np.ndarray, swap_in: list[tuple[int, int]] = (),
+               swap_out: list[tuple[int, int]] = ()) -> StepPlan:
+    """The running batch's decode step alone (no forks, no block copies): its cursor's arrays as
+    they are (state i32[3, S]: positions, slots, context lengths; tables i32[S, M]), the token
+    ids, and what the batch knows about stops. (A group swapped in mid-prompt adds swap-in pairs
+    but no rows; one preempted by swap, swap-out pairs.)"""
+    seqs, token_lists = batch.handed_out()
+    n, size = len(seqs), state.shape[1]
+    token_ids = np.zeros(size, np.int32)
+    last_tokens = batch.last_tokens()
+    if last_tokens is not None:
+        token_ids[:n] = last_tokens
+    else:  # (fromiter beats a list comprehension's setitem here)
+        token_ids[:n] = np.fromiter(map(_last, token_lists), np.int32, n)
+    query_start_loc, logits_indices = _decode_ranges(n, size)
+    sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, token_lists,
+                          batch.length_stops(), batch)
+    return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables, logits_indices,
+                    sampling, 0, _EMPTY_PAIRS, pairs_array(swap_in), pairs_array(swap_out), seqs)
+
+
 class PlanBuilder:
     """Collects a step's scheduled rows, then lays them out as a padded StepPlan.
 
@@ -223,7 +244,7 @@ class PlanBuilder:
         """The padded plan. `all_single`: no running group has several sequences (no beams, no forks)."""
         if not self._records:
             if self._decodes is not None:
-                return self._batch_plan(*self._decodes)  # the steady state: the batch decodes
+                return batch_plan(*self._decodes, self._swap_in, self._swap_out)  # the batch decodes, alone
             plan = self._decode_plan()  # nothing runs: block operations only, if any
         elif self._decodes is None and self._num_decodes == len(self._records):
             plan = self._decode_plan()  # decodes only (forks, swapped-in groups)
@@ -238,24 +259,6 @@ class PlanBuilder:
         if self._swap_out:
             plan.swap_out_pairs = pairs_array(self._swap_out)
         return plan
-
-    def _batch_plan(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> StepPlan:
-        """The running batch's decode step (no forks, no block copies): the cursor's arrays as
-        they are, the token ids, and what the batch knows about stops."""
-        seqs, token_lists = batch.handed_out()
-        n, size = len(seqs), state.shape[1]
-        token_ids = np.zeros(size, np.int32)
-        last_tokens = batch.last_tokens()
-        if last_tokens is not None:
-            token_ids[:n] = last_tokens
-        else:  # (fromiter beats a list comprehension's setitem here)
-            token_ids[:n] = np.fromiter(map(_last, token_lists), np.int32, n)
-        query_start_loc, logits_indices = _decode_ranges(n, size)
-        sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, token_lists,
-                              batch.length_stops(), batch)
-        # (A group swapped in mid-prompt adds swap-in pairs but no rows; a preempted one swap-out pairs.)
-        return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables, logits_indices,
-                        sampling, 0, _EMPTY_PAIRS, pairs_array(self._swap_in), pairs_array(self._swap_out), seqs)
 
     def _table(self, rows: list[int], longest: int, size: int) -> np.ndarray:
         """i32[size, M] the rows' block tables, M bucketed to the longest context, padding rows 0."""
@@ -302,8 +305,9 @@ class PlanBuilder:
         token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
                                                       np.int32)
         context_lens = np.zeros(size_s, np.int32)
-        query_start_loc = np.full(size_s + 1, total, np.int32)  # padded sequences own no rows
+        query_start_loc = np.empty(size_s + 1, np.int32)
         query_start_loc[0] = 0
+        query_start_loc[n + 1:] = total  # padded sequences own no rows
         seqs: list[Sequence] = []
         longest = max(ends)
         if n_b:

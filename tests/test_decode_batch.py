@@ -12,7 +12,8 @@ from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.executors.base import ModelOutput
 from jpaged.sequence import SamplingParams
-from jpaged.step_plan import PlanBuilder, bucket
+from jpaged import scheduler, step_plan
+from jpaged.step_plan import bucket
 
 VOCAB = 40
 
@@ -118,12 +119,13 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
     observer = CheckSkippedStops()
     fast = serve(policy, mode, block_size, num_blocks, observer)
     assert observer.num_skipping_steps > 0 and observer.num_length_stops > 0 and observer.num_batch_steps > 0
-    batch_plan = PlanBuilder._batch_plan
+    batch_plan = step_plan.batch_plan
 
-    def without_batch_stops(self, *args):  # every step through the per-row checks
-        plan = batch_plan(self, *args)
+    def without_batch_stops(*args):  # every step through the per-row checks
+        plan = batch_plan(*args)
         plan.sampling.stop_tokens = None
         return plan
 
-    monkeypatch.setattr(PlanBuilder, "_batch_plan", without_batch_stops)
+    monkeypatch.setattr(step_plan, "batch_plan", without_batch_stops)  # (PlanBuilder.build's)
+    monkeypatch.setattr(scheduler, "batch_plan", without_batch_stops)  # (the scheduler's decode fast path)
     assert serve(policy, mode, block_size, num_blocks) == fast
