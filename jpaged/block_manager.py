@@ -66,17 +66,16 @@ class BlockManager:
         self._host_tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
         self._swapped_sets: dict[tuple[int, ...], int] = {}  # seq ids swapped out together -> distinct host blocks
         # Cached blocks without references stay off the free list until evicted on demand.
-        self.prefix_cache = (PrefixCache(block_size, lambda block: self._refs[block] > 0)
-                             if enable_prefix_caching else None)
+        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+        # Unreferenced cached blocks: as good as free (evicted on demand).
+        self._reclaimable = self.prefix_cache.evictable if self.prefix_cache is not None else ()
 
     # ------------------------------------------------------------------ queries
 
     @property
     def num_free_blocks(self) -> int:
         """Device blocks available now: free ones plus unreferenced cached ones (block 0 excluded)."""
-        if self.prefix_cache is None:
-            return len(self._free)
-        return len(self._free) + self.prefix_cache.num_evictable
+        return len(self._free) + len(self._reclaimable)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -154,13 +153,15 @@ class BlockManager:
         `width` and `final_len` are unused here: paged blocks are taken as tokens come and a fork
         shares them. Contiguous managers take the same arguments and reserve by them.
         """
-        need_total = self.blocks_for(num_tokens)
-        if need_total > self.max_blocks_per_seq or need_total > self.num_usable_blocks:
+        bs = self.block_size
+        need_total = -(-num_tokens // bs)
+        if need_total > self.max_blocks_per_seq or need_total >= self.num_blocks:
             return AllocStatus.NEVER
-        need = self.blocks_for(num_scheduled) - len(hits) + extra_blocks
-        # A hit needs no new block, but an unreferenced cached block stops being reclaimable.
-        refs = self._refs
-        available = self.num_free_blocks - sum(1 for b in hits if refs[b] == 0)
+        need = -(-num_scheduled // bs) - len(hits) + extra_blocks
+        available = len(self._free) + len(self._reclaimable)
+        if hits:  # a hit needs no new block, but an unreferenced cached block stops being reclaimable
+            refs = self._refs
+            available -= sum(1 for b in hits if refs[b] == 0)
         headroom = self.watermark_blocks if headroom is None else headroom
         return AllocStatus.OK if available - need >= headroom else AllocStatus.LATER
 
@@ -211,11 +212,13 @@ class BlockManager:
         row = self.row_of(seq_id)
         num_full = min(self._row_tokens[row], len(token_ids)) // self.block_size
         resume = self._cache_paths.get(row)
-        if resume is not None and resume[1] >= num_full:
-            return  # every full block is in the tree already
-        keys = block_keys(token_ids, self.block_size, keys)[:num_full]
+        start = 0 if resume is None else resume[1]
+        if start >= num_full:
+            return  # every full block is in the tree already (or there is none)
+        keys = block_keys(token_ids, self.block_size, keys)
         base = row * self.max_blocks_per_seq
-        path = self.prefix_cache.insert(keys, self._tables[base: base + num_full].tolist(), cache_salt, resume)
+        path = self.prefix_cache.insert(keys[start:num_full], self._tables[base + start: base + num_full], cache_salt,
+                                        resume)
         if path is not None:
             self._cache_paths[row] = path
 

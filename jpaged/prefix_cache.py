@@ -3,15 +3,16 @@
 A path from a root is a prefix of whole blocks; each node holds the physical block storing that
 block of tokens. There is one root per cache salt, so requests with different salts never share
 (tenants cannot probe each other's prompts through timing). The block manager owns reference
-counts: a node whose block has references is locked; a node without references keeps its block
-cached (off the free list) until space is needed, then unreferenced leaves are evicted, least
-recently released first. Pure Python: no numpy or jax.
+counts and tells the cache when a cached block loses its last reference (`release_all`) or gains
+one again (`touch`): a node whose block has references is locked; a node without references
+keeps its block cached (off the free list, in `evictable`) until space is needed, then
+unreferenced leaves are evicted, least recently released first. Pure Python: no numpy or jax.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Callable, Hashable
+from typing import Hashable, Iterable
 
 
 def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...]] | None = None
@@ -34,18 +35,16 @@ class _Node:
 
 
 class PrefixCache:
-    """Radix tree of full blocks with LRU eviction of unreferenced leaves.
+    """Radix tree of full blocks with LRU eviction of unreferenced leaves: it evicts only blocks
+    in `evictable` (no live sequence references them), and never hands out a block twice."""
 
-    `is_referenced(block)` tells whether a live sequence still references a block; the tree never
-    evicts such a block, and never hands out a block twice.
-    """
-
-    def __init__(self, block_size: int, is_referenced: Callable[[int], bool]):
+    def __init__(self, block_size: int):
         self.block_size = block_size
-        self._is_referenced = is_referenced
         self._roots: dict[Hashable, _Node] = {}
         self._node_of_block: dict[int, _Node] = {}
-        self._evictable: set[int] = set()  # cached blocks without references (leaves or not)
+        # Cached blocks without references (leaves or not): read-only outside the cache (the block
+        # manager counts them as free).
+        self.evictable: set[int] = set()
         # Unreferenced leaves, least recently released first: O(1) LRU without timestamps (a
         # block's last use is when its last reference went away). Entries can go stale (a block
         # re-referenced or given children); evict() skips those.
@@ -65,7 +64,7 @@ class PrefixCache:
     @property
     def num_evictable(self) -> int:
         """Cached blocks that no sequence references: reclaimable on demand."""
-        return len(self._evictable)
+        return len(self.evictable)
 
     def match(self, keys: list[tuple[int, ...]], salt: Hashable, max_blocks: int) -> list[int]:
         """Physical blocks of the longest cached prefix of whole blocks (at most `max_blocks`).
@@ -86,10 +85,10 @@ class PrefixCache:
     def touch(self, blocks: list[int]) -> None:
         """Marks the blocks of a matched prefix as referenced again (not evictable)."""
         for block in blocks:
-            self._evictable.discard(block)
+            self.evictable.discard(block)
             self._lru.pop(block, None)
 
-    def insert(self, keys: list[tuple[int, ...]], blocks: list[int], salt: Hashable,
+    def insert(self, keys: list[tuple[int, ...]], blocks: Iterable[int], salt: Hashable,
                resume: tuple[_Node, int] | None = None) -> tuple[_Node, int] | None:
         """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
 
@@ -97,16 +96,18 @@ class PrefixCache:
         the tree keeps its first copy, and the sequence's own blocks are freed normally.
 
         `resume` is what an earlier insert of the same (still resident) sequence returned: its
-        first blocks are already in the tree as its own, referenced and so never evicted, and the
-        walk starts below them. Returns the same for the next insert (the sequence's deepest own
-        node and how many of its blocks are in the tree), or None if none is.
+        first blocks are already in the tree as its own, referenced and so never evicted, and
+        `keys` and `blocks` continue the path below them. Returns the same for the next insert
+        (the sequence's deepest own node and how many of its blocks are in the tree), or None if
+        none is.
         """
         if resume is None:
-            node, start = self._roots.setdefault(salt, _Node(None, -1, None)), 0
+            node, done = self._roots.get(salt), 0
+            if node is None:
+                node = self._roots[salt] = _Node(None, -1, None)
         else:
-            node, start = resume
-        done = start
-        for key, block in zip(keys[start:], blocks[start:]):
+            node, done = resume
+        for key, block in zip(keys, blocks):
             child = node.children.get(key)
             if child is None:
                 if block in self._node_of_block:  # already cached under another prefix
@@ -126,14 +127,14 @@ class PrefixCache:
     def release(self, block: int) -> None:
         """Called when a cached block loses its last reference: it stays cached, evictable."""
         node = self._node_of_block[block]
-        self._evictable.add(block)
+        self.evictable.add(block)
         if not node.children:
             self._lru[block] = None
 
     def release_all(self, blocks: list[int]) -> list[int]:
         """`release` of each cached block among `blocks` (which lost their last references);
         returns the others, which the caller frees."""
-        node_of_block, evictable, lru = self._node_of_block, self._evictable, self._lru
+        node_of_block, evictable, lru = self._node_of_block, self.evictable, self._lru
         uncached = []
         for block in blocks:
             node = node_of_block.get(block)
@@ -154,12 +155,14 @@ class PrefixCache:
         """Removes up to `count` unreferenced leaves, least recently released first (a parent that
         becomes a leaf queues behind them); returns their blocks."""
         evicted: list[int] = []
-        lru, node_of_block, evictable = self._lru, self._node_of_block, self._evictable
+        lru, node_of_block, evictable = self._lru, self._node_of_block, self.evictable
         while lru and len(evicted) < count:
             block, _ = lru.popitem(last=False)
-            node = node_of_block.get(block)
-            if node is None or node.children or block not in evictable or self._is_referenced(block):
-                continue  # stale entry: re-referenced, gained children, or gone
+            if block not in evictable:
+                continue  # stale entry: re-referenced, or gone
+            node = node_of_block[block]
+            if node.children:
+                continue  # stale entry: it gained children since (it is queued again when it loses them)
             parent = node.parent
             del parent.children[node.key]
             del node_of_block[block]

@@ -187,7 +187,7 @@ class PrefixCachingMachine(BlockManagerMachine):
         assert not free & set(tree_blocks), "a block is both free and in the tree"
         for block in tree_blocks:
             referenced = self.bm.refcount[block] > 0
-            assert referenced != (block in cache._evictable), "cached blocks are referenced xor evictable"
+            assert referenced != (block in cache.evictable), "cached blocks are referenced xor evictable"
 
 
 PrefixCachingMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)

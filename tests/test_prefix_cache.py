@@ -9,8 +9,7 @@ from jpaged.prefix_cache import PrefixCache, block_keys
 
 
 def test_match_insert_and_lru_eviction_of_leaves():
-    referenced = set()
-    cache = PrefixCache(2, lambda b: b in referenced)
+    cache = PrefixCache(2)
     cache.insert(block_keys([1, 2, 3, 4, 5, 6], 2), [10, 11, 12], salt=None)
     cache.insert(block_keys([1, 2, 7, 8], 2), [10, 20], salt=None)
     assert cache.match(block_keys([1, 2, 3, 4, 5, 6, 9], 2), None, max_blocks=3) == [10, 11, 12]
@@ -21,15 +20,14 @@ def test_match_insert_and_lru_eviction_of_leaves():
     cache.touch([10, 11, 12])  # the 1-2-3-4-5-6 branch is now more recent than 1-2-7-8
     for block in (10, 11, 12):
         cache.release(block)
-    referenced.add(12)  # a live sequence still holds block 12
-    cache._evictable.discard(12)
+    cache.touch([12])  # a live sequence holds block 12 again
     assert cache.evict() == 20  # LRU leaf first
     assert cache.evict() is None  # 12 is referenced; 11 and 10 are not leaves
     assert cache.num_cached_blocks == 3 and cache.num_evictions == 1
 
 
 def test_salts_never_share():
-    cache = PrefixCache(2, lambda b: True)
+    cache = PrefixCache(2)
     cache.insert(block_keys([1, 2, 3, 4], 2), [5, 6], salt="tenant-a")
     assert cache.match(block_keys([1, 2, 3, 4, 9], 2), "tenant-a", 2) == [5, 6]
     assert cache.match(block_keys([1, 2, 3, 4, 9], 2), "tenant-b", 2) == []
