@@ -172,11 +172,13 @@ class DecodeBatch:
         if self.num_steps < self._next_limit:
             return []
         limits = self._limits[: len(self.seqs)]
-        stops = (limits <= self.num_steps).nonzero()[0].tolist()
-        # Those end with this step and leave the batch; look again at the next step, when the
-        # first limit of the rest is known.
-        self._next_limit = self.num_steps + 1 if stops else int(limits.min(initial=_NEVER))
-        return stops
+        first = int(limits.min(initial=_NEVER))
+        if first > self.num_steps:  # (the sequences that set the bound left the batch)
+            self._next_limit = first
+            return []
+        # These end with this step and leave the batch: look again at the next step.
+        self._next_limit = self.num_steps + 1
+        return (limits <= self.num_steps).nonzero()[0].tolist()
 
     def _grow(self) -> None:
         """Doubles the buffers (a batch past its expected size)."""

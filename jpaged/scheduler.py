@@ -168,7 +168,10 @@ class Scheduler:
 
     def _leave_running(self, group: SequenceGroup) -> None:
         """Takes a group off the running list (its sequences leave the batch by the caller)."""
-        self.running.remove(group)
+        if self.running[-1] is group:  # (preemption takes the latest arrival)
+            self.running.pop()
+        else:
+            self.running.remove(group)
         if group in self._partial:
             self._partial.remove(group)
         self._num_running_seqs -= group.width

@@ -309,7 +309,8 @@ class PlanBuilder:
         query_start_loc[0] = 0
         query_start_loc[n + 1:] = total  # padded sequences own no rows
         seqs: list[Sequence] = []
-        longest = max(ends)
+        # Block-table columns: bucketed to the longest context (the batch's tables already are).
+        width = min(bucket(-(-max(ends) // kv.block_size)), kv.max_blocks_per_seq)
         if n_b:
             batch, state, batch_tables = self._decodes
             seqs += batch.seqs
@@ -320,7 +321,7 @@ class PlanBuilder:
             slot_mapping[:n_b] = state[1, :n_b]
             context_lens[:n_b] = state[2, :n_b]
             query_start_loc[1: n_b + 1] = _decode_ranges(n_b, bucket(n_b))[0][1: n_b + 1]  # one row each
-            longest = max(longest, int(state[2, :n_b].max()))
+            width = max(width, batch_tables.shape[1])
         every_position = _arange(kv.max_blocks_per_seq * kv.block_size)
         start = n_b
         for i, (seq, _, count, end) in enumerate(records, n_b + 1):
@@ -338,8 +339,7 @@ class PlanBuilder:
         context_lens[n_b:n] = ends
         logits_indices = query_start_loc[1:] - 1
         logits_indices[n:] = 0
-        # Block tables: the batch's from its cursor, the records' gathered, to the longest's width.
-        width = min(bucket(-(-longest // kv.block_size)), kv.max_blocks_per_seq)
+        # Block tables: the batch's from its cursor, the records' gathered.
         tables = np.zeros((size_s, width), np.int32)
         if n_b:
             tables[:n_b, : batch_tables.shape[1]] = batch_tables[:n_b]
