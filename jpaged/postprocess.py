@@ -44,19 +44,22 @@ class Postprocessor:
             logprobs = None if result.logprobs is None else result.logprobs.tolist()
             for group in rows.first_token_groups:
                 group.first_token_time = now
-            if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(tokens):
-                # The steady state: no row samples a stop token, so the tokens are appended as
-                # they come, and only the rows known to reach their length limit end.
-                lists = rows.token_lists if rows.token_lists is not None else [s.token_ids for s in rows.seqs]
-                for ids, token in zip(lists, tokens):
+            num_batch = rows.num_batch_rows
+            batch_tokens = tokens if num_batch == len(tokens) else tokens[:num_batch]
+            if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(batch_tokens):
+                # The steady state: no batch row samples a stop token, so their tokens are
+                # appended as they come, and only the rows known to reach their length limit end.
+                for ids, token in zip(rows.token_lists, batch_tokens):
                     ids.append(token)
-                if rows.decode_batch is not None:
-                    rows.decode_batch.sampled(tokens)  # the next step's input ids
+                rows.decode_batch.sampled(batch_tokens)  # the next step's input ids
                 if logprobs is not None:
-                    for seq, logprob in zip(rows.seqs, logprobs):
+                    for seq, logprob in zip(rows.seqs, logprobs[:num_batch]):
                         seq.cumulative_logprob += logprob
                 for r in rows.length_stops:
                     self._end_seq(rows.seqs[r], False, now)
+                if num_batch < len(tokens):  # the prompts of a mixed step: row by row
+                    self._append_all(rows.seqs[num_batch:], tokens[num_batch:],
+                                     None if logprobs is None else logprobs[num_batch:], now)
             elif rows.is_plain:
                 if self.num_logprobs and logprobs is not None:
                     self._record_logprobs(rows.seqs, range(len(tokens)), tokens, logprobs, result)

@@ -90,13 +90,15 @@ class SampleRows:
     num_top: int  # top candidates per row (2 x the widest beam); 0 without beams
     is_plain: bool  # one row per sequence, no beams, no forks: tokens are appended as they come
     first_token_groups: list  # requests whose first output token this step samples
-    # Set when the rows' ends are known but for stop tokens: a row ends by sampling one of these
-    # tokens, or by reaching its length limit exactly when it is in `length_stops` (the stop
-    # checks then test the batch at once). None: check each row.
+    # Set when the first `num_batch_rows` rows are the running batch's decodes, in its order, and
+    # their ends are known but for stop tokens: such a row ends by sampling one of `stop_tokens`,
+    # or by reaching its length limit exactly when it is in `length_stops` (the stop checks then
+    # test the batch at once). The other rows (prompts, in a mixed step) are checked one by one.
     stop_tokens: frozenset[int] | None = None
-    token_lists: list[list[int]] | None = None  # [R] each row's `seq.token_ids`, when the running batch has them
-    length_stops: list[int] = dataclasses.field(default_factory=list)  # rows this step's token brings to their length limit
-    decode_batch: DecodeBatch | None = None  # the running batch when the rows are its sequences, in order
+    token_lists: list[list[int]] | None = None  # [B] each batch row's `seq.token_ids`
+    length_stops: list[int] = dataclasses.field(default_factory=list)  # batch rows this step's token brings to their length limit
+    decode_batch: DecodeBatch | None = None  # the running batch
+    num_batch_rows: int = 0  # B
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -180,7 +182,7 @@ def batch_plan(batch: DecodeBatch, state: np.ndarray, tables: np.ndarray, swap_i
         token_ids[:n] = np.fromiter(map(_last, token_lists), np.int32, n)
     query_start_loc, logits_indices = _decode_ranges(n, size)
     sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, token_lists,
-                          batch.length_stops(), batch)
+                          batch.length_stops(), batch, n)
     return StepPlan(n, n, 1, token_ids, state[0], state[1], query_start_loc, state[2], tables, logits_indices,
                     sampling, 0, _EMPTY_PAIRS, pairs_array(swap_in), pairs_array(swap_out), seqs)
 
@@ -388,8 +390,13 @@ class PlanBuilder:
                 indices.append(i if fan_out > 1 else seq.index)
         if not seqs:
             return None
-        return SampleRows(seqs, np.array(logits_rows, np.int32), None if all_single else indices, num_top,
-                          plain, firsts)
+        rows = SampleRows(seqs, np.array(logits_rows, np.int32), None if all_single else indices, num_top, plain,
+                          firsts)
+        if offset and all_single:  # the batch's rows lead: what it knows of their stops holds
+            batch = self._decodes[0]
+            rows.stop_tokens, rows.token_lists = batch.stop_tokens, batch.handed_out()[1]
+            rows.length_stops, rows.decode_batch, rows.num_batch_rows = batch.length_stops(), batch, offset
+        return rows
 
 
 @functools.lru_cache(maxsize=8)

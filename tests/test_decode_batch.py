@@ -44,7 +44,8 @@ class CheckSkippedStops(EngineObserver):
     def __init__(self):
         self.num_skipping_steps = 0
         self.num_length_stops = 0  # rows those steps ended by length
-        self.num_batch_steps = 0  # steps that ran the kept running batch as it was
+        self.num_batch_steps = 0  # steps that ran the kept running batch alone
+        self.num_mixed_steps = 0  # steps whose other rows (prompts) followed the batch's
 
     def on_step_executed(self, engine, out, result, start, end):
         plan = out.plan
@@ -55,15 +56,20 @@ class CheckSkippedStops(EngineObserver):
         rows = plan.sampling
         if rows is not None and rows.decode_batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler
-            # The same sequences (in the batch's own order: rows move when others leave), each once.
-            fresh = rows.seqs
-            want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()]
+            # Its rows lead the step: the running sequences (partly prefilled groups aside) but those
+            # with other rows in it (prompts admitted or finished by this step), each once, in the
+            # batch's own order (rows move when others leave).
+            n = rows.num_batch_rows
+            fresh = rows.seqs[:n]
+            others = {id(s) for s in plan.seqs[n:]}
+            want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()
+                    if id(s) not in others]
             assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
-            assert rows.decode_batch.seqs == fresh and len({id(s) for s in fresh}) == len(fresh)
+            assert plan.seqs[:n] == fresh and rows.decode_batch.seqs == fresh and len({id(s) for s in fresh}) == n
             np.testing.assert_array_equal(rows.decode_batch.rows, bm.rows_of([s.seq_id for s in fresh]))
-            np.testing.assert_array_equal(plan.token_ids[: plan.num_seqs], [s.token_ids[-1] for s in fresh])
+            np.testing.assert_array_equal(plan.token_ids[:n], [s.token_ids[-1] for s in fresh])
             # ... and the cursor's arrays are the block manager's truth after the step's slots
-            n, rows_of = plan.num_seqs, bm.rows_of([s.seq_id for s in fresh])
+            rows_of = bm.rows_of([s.seq_id for s in fresh])
             ends = bm.num_tokens[rows_of]
             np.testing.assert_array_equal(plan.context_lens[:n], ends)
             np.testing.assert_array_equal(plan.positions[:n], ends - 1)
@@ -71,13 +77,15 @@ class CheckSkippedStops(EngineObserver):
             np.testing.assert_array_equal(plan.slot_mapping[:n], blocks * bm.block_size + (ends - 1) % bm.block_size)
             width = plan.block_tables.shape[1]
             np.testing.assert_array_equal(plan.block_tables[:n], bm.block_tables[rows_of, :width])
-            assert not plan.block_tables[n:].any() and not bm.block_tables[rows_of, width:].any()
-            self.num_batch_steps += 1
+            assert not bm.block_tables[rows_of, width:].any()
+            assert not plan.block_tables[plan.num_seqs:].any()
+            self.num_batch_steps += n == plan.num_seqs
+            self.num_mixed_steps += n < plan.num_seqs
         if rows is None or rows.stop_tokens is None:
             return
         self.num_skipping_steps += 1
         self.num_length_stops += len(rows.length_stops)
-        for r, seq in enumerate(rows.seqs):
+        for r, seq in enumerate(rows.seqs[: rows.num_batch_rows]):
             if r in rows.length_stops:  # this step's token ends it by length
                 assert len(seq.token_ids) + 1 == seq.group.max_total_len
             else:  # this step's token cannot end it by length
@@ -119,13 +127,21 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
     observer = CheckSkippedStops()
     fast = serve(policy, mode, block_size, num_blocks, observer)
     assert observer.num_skipping_steps > 0 and observer.num_length_stops > 0 and observer.num_batch_steps > 0
-    batch_plan = step_plan.batch_plan
+    assert observer.num_mixed_steps > 0 or policy == "paper"  # (chunked: prompts join the batch's step)
+    batch_plan, sample_rows = step_plan.batch_plan, step_plan.PlanBuilder._sample_rows
 
     def without_batch_stops(*args):  # every step through the per-row checks
         plan = batch_plan(*args)
         plan.sampling.stop_tokens = None
         return plan
 
+    def mixed_without_batch_stops(self, all_single):
+        rows = sample_rows(self, all_single)
+        if rows is not None:
+            rows.stop_tokens = None
+        return rows
+
     monkeypatch.setattr(step_plan, "batch_plan", without_batch_stops)  # (PlanBuilder.build's)
     monkeypatch.setattr(scheduler, "batch_plan", without_batch_stops)  # (the scheduler's decode fast path)
+    monkeypatch.setattr(step_plan.PlanBuilder, "_sample_rows", mixed_without_batch_stops)  # (mixed steps)
     assert serve(policy, mode, block_size, num_blocks) == fast
