@@ -154,13 +154,13 @@ class PagedDecodeCursor:
         state[2, n] = p + 1
         self._due[(self._t - p) % bs].append(row)
         self._increment = _increment(n + 1, len(self._rows))
-        if logical + 1 > self._blocks_in_use:
+        width = self._tables.shape[1]
+        if logical + 1 > self._blocks_in_use:  # the longest row now: the tables may widen
             self._blocks_in_use = logical + 1
-        width = _table_width(kv, self._blocks_in_use)
-        if width != self._tables.shape[1]:
-            self._regather(width)
-        else:
-            self._writable_tables()[n] = kv.block_tables[row, :width]
+            if _table_width(kv, logical + 1) > width:
+                self._regather(_table_width(kv, logical + 1))
+                return
+        self._writable_tables()[n] = kv.block_tables[row, :width]
 
     def remove(self, i: int) -> None:
         """Removes the row at batch index i; the last row takes its place."""
