@@ -101,13 +101,14 @@ def serve(config: BenchHostConfig, policy: str, prompts: list[list[int]], output
     kinds = StepKinds(engine) if config.breakdown else None
     gc.collect()
     gc.freeze()
+    step = engine.step if kinds is None else kinds.step
     wall, cpu = time.perf_counter(), time.process_time()
-    if kinds is None:
+    if show_progress:
         while engine.has_unfinished():
-            bar.update(len(engine.step()))
-    else:
+            bar.update(len(step()))
+    else:  # (the peer's loop has no bar to update either)
         while engine.has_unfinished():
-            bar.update(len(kinds.step()))
+            step()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     gc.unfreeze()
     bar.close()
