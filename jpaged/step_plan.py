@@ -304,8 +304,8 @@ class PlanBuilder:
         total, longest_query = n_b + sum(counts), max(counts)
         size_s = bucket(n)
         # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
-        token_ids, positions, slot_mapping = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)),
-                                                      np.int32)
+        per_token = np.zeros((3, size_s if longest_query == 1 else bucket(total, minimum=16)), np.int32)
+        token_ids, positions, slot_mapping = per_token
         context_lens = np.zeros(size_s, np.int32)
         query_start_loc = np.empty(size_s + 1, np.int32)
         query_start_loc[0] = 0
@@ -319,8 +319,7 @@ class PlanBuilder:
             last_tokens = batch.last_tokens()
             token_ids[:n_b] = last_tokens if last_tokens is not None else np.fromiter(
                 map(_last, batch.token_lists), np.int32, n_b)
-            positions[:n_b] = state[0, :n_b]
-            slot_mapping[:n_b] = state[1, :n_b]
+            per_token[1:, :n_b] = state[:2, :n_b]  # positions, slots
             context_lens[:n_b] = state[2, :n_b]
             query_start_loc[1: n_b + 1] = _decode_ranges(n_b, bucket(n_b))[0][1: n_b + 1]  # one row each
             width = max(width, batch_tables.shape[1])
@@ -390,7 +389,10 @@ class PlanBuilder:
                 indices.append(i if fan_out > 1 else seq.index)
         if not seqs:
             return None
-        rows = SampleRows(seqs, np.array(logits_rows, np.int32), None if all_single else indices, num_top, plain,
+        n = offset + len(self._records)
+        if all_single and len(seqs) == n:  # every sequence samples once: sequence i reads logits row i
+            logits_rows = _decode_ranges(n, bucket(n))[1][:n]
+        rows = SampleRows(seqs, np.asarray(logits_rows, np.int32), None if all_single else indices, num_top, plain,
                           firsts)
         if offset and all_single:  # the batch's rows lead: what it knows of their stops holds
             batch = self._decodes[0]

@@ -93,3 +93,10 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
         np.testing.assert_array_equal(plan.block_tables[i, :used], bm.block_tables[row, :used])
     assert not plan.block_tables[n:].any()
     assert plan.num_prefill_tokens == sum(count for _, count in chunks)
+    # Sampling: every sequence whose context reaches its end, once, reading its own logits row.
+    sampling = [i for i, (seq, end) in enumerate(zip(all_seqs, ends)) if end == len(seq.token_ids)]
+    if not sampling:
+        assert plan.sampling is None
+    else:
+        assert plan.sampling.seqs == [all_seqs[i] for i in sampling]
+        np.testing.assert_array_equal(plan.sampling.logits_rows, sampling)
