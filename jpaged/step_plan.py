@@ -361,14 +361,15 @@ class PlanBuilder:
         num_top = 0
         plain = True
         offset = 0
-        if self._decodes is not None:
+        if self._decodes is not None:  # (their logits rows 0 .. offset - 1 are prepended below)
             seqs += self._decodes[0].seqs
             offset = len(seqs)
-            logits_rows += range(offset)
             if not all_single:
                 indices += [s.index for s in seqs]
+        each_once = True  # every record samples one row
         for row, (seq, _, _, end) in enumerate(self._records, offset):
             if end != len(seq.token_ids):
+                each_once = False
                 continue  # a prompt chunk that does not reach its end: nothing to sample yet
             group = seq.group
             if group.first_token_time is None:
@@ -383,17 +384,19 @@ class PlanBuilder:
                 plain = False
             fan_out = params.n if (params.n > 1 and not params.use_beam_search and group.is_fresh) else 1
             plain = plain and fan_out == 1
+            each_once = each_once and fan_out == 1
             for i in range(fan_out):
                 seqs.append(seq)
                 logits_rows.append(row)
                 indices.append(i if fan_out > 1 else seq.index)
         if not seqs:
             return None
-        n = offset + len(self._records)
-        if all_single and len(seqs) == n:  # every sequence samples once: sequence i reads logits row i
+        if each_once:  # sequence i samples once, from logits row i
+            n = offset + len(self._records)
             logits_rows = _decode_ranges(n, bucket(n))[1][:n]
-        rows = SampleRows(seqs, np.asarray(logits_rows, np.int32), None if all_single else indices, num_top, plain,
-                          firsts)
+        else:
+            logits_rows = np.array(list(range(offset)) + logits_rows, np.int32)
+        rows = SampleRows(seqs, logits_rows, None if all_single else indices, num_top, plain, firsts)
         if offset and all_single:  # the batch's rows lead: what it knows of their stops holds
             batch = self._decodes[0]
             rows.stop_tokens, rows.token_lists = batch.stop_tokens, batch.handed_out()[1]
