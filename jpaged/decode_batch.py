@@ -19,22 +19,21 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 
 from jpaged.sequence import Sequence
-from jpaged.step_plan import bucket
 
 if TYPE_CHECKING:
     from jpaged.kv_manager import KVCacheManager
 
-_NEVER = np.iinfo(np.int64).max  # the length limit of an empty buffer entry
+_NEVER = 1 << 62  # no length limit ahead
 
 
 class DecodeBatch:
     """Decoding sequences with what their steps share (see the module docstring)."""
 
-    __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows", "_limits",
-                 "_next_limit", "_sampled", "_sampled_step", "_lists_out")
+    __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_capacity", "_index", "_rows",
+                 "_limits", "_next_limit", "_sampled", "_sampled_step", "_lists_out")
 
     def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = (), capacity: int = 8):
-        """`capacity`: the rows the batch expects to hold at most (its buffers grow past it)."""
+        """`capacity`: the rows the batch expects to hold at most (for its cursor's buffers)."""
         self.kv = kv
         self.seqs: list[Sequence] = []  # [n] in batch order
         # Each sequence's token list (the same list object for its whole life): the step reads
@@ -46,12 +45,13 @@ class DecodeBatch:
         # The KV manager's decode cursor over the rows (made at the first step that uses it;
         # dropped when the rows get slots another way: `advance`).
         self.cursor = None
+        self._capacity = capacity
         self._index: dict[int, int] = {}  # seq id -> batch index
-        size = bucket(max(capacity, 8))
-        self._rows = np.zeros(size, np.int64)  # i64[C] block-table row of each sequence, then row 0
-        # i64[C] the step whose token brings each sequence to its length limit (each step appends
-        # one token to every sequence), and a lower bound of the first of them.
-        self._limits = np.full(size, _NEVER, np.int64)
+        self._rows: list[int] = []  # [n] block-table row of each sequence
+        # [n] the step whose token brings each sequence to its length limit (each step appends
+        # one token to every sequence), and a lower bound of the first of them. (Plain lists: an
+        # event edits an entry or two, which costs less than on an array.)
+        self._limits: list[int] = []
         self._next_limit = _NEVER
         # [n] the tokens sampled by the batch's step `_sampled_step` (see `sampled`).
         self._sampled: list[int] | None = None
@@ -67,7 +67,7 @@ class DecodeBatch:
     @property
     def rows(self) -> np.ndarray:
         """i64[n] block-table row of each sequence."""
-        return self._rows[: len(self.seqs)]
+        return np.array(self._rows, np.int64)
 
     def add(self, seqs: Iterable[Sequence]) -> None:
         """Appends those of `seqs` not in the batch yet: resident sequences, each holding the slots
@@ -79,17 +79,14 @@ class DecodeBatch:
                 continue
             if self._lists_out:
                 self._own_lists()
-            i = len(self.seqs)
-            if i == len(self._rows):
-                self._grow()
             row = kv.row_of(seq.seq_id)
-            self._index[seq.seq_id] = i
+            self._index[seq.seq_id] = len(self.seqs)
             self.seqs.append(seq)
             self.token_lists.append(seq.token_ids)
-            self._rows[i] = row
+            self._rows.append(row)
             group = seq.group
             limit = self.num_steps + group.max_total_len - len(seq.token_ids)
-            self._limits[i] = limit
+            self._limits.append(limit)
             if limit < self._next_limit:
                 self._next_limit = limit
             if not group.stop_set <= self.stop_tokens:
@@ -117,8 +114,8 @@ class DecodeBatch:
                 self._limits[i] = self._limits[last]
             self.seqs.pop()
             self.token_lists.pop()
-            self._rows[last] = 0
-            self._limits[last] = _NEVER
+            self._rows.pop()
+            self._limits.pop()
             if cursor is not None:
                 cursor.remove(i)
             self._sampled = None
@@ -136,7 +133,7 @@ class DecodeBatch:
         slots / context lengths, i32[S, M] block tables), or None (nothing changed) when the
         pool is out of blocks."""
         if self.cursor is None:
-            self.cursor = self.kv.decode_cursor(self.rows.tolist(), len(self._rows))
+            self.cursor = self.kv.decode_cursor(self._rows, self._capacity)
         arrays = self.cursor.step()
         if arrays is not None:
             self.num_steps += 1
@@ -145,7 +142,7 @@ class DecodeBatch:
     def blocks_needed(self) -> int:
         """Blocks the next `step` takes."""
         if self.cursor is None:
-            self.cursor = self.kv.decode_cursor(self.rows.tolist(), len(self._rows))
+            self.cursor = self.kv.decode_cursor(self._rows, self._capacity)
         return self.cursor.blocks_needed()
 
     def advance(self) -> None:
@@ -169,19 +166,13 @@ class DecodeBatch:
         """Batch indices of the sequences that reach their length limit with the token the current
         step samples (usually none): every other sequence can end only by sampling one of
         `stop_tokens`."""
-        if self.num_steps < self._next_limit:
+        now = self.num_steps
+        if now < self._next_limit:
             return []
-        limits = self._limits[: len(self.seqs)]
-        first = int(limits.min(initial=_NEVER))
-        if first > self.num_steps:  # (the sequences that set the bound left the batch)
+        first = min(self._limits, default=_NEVER)
+        if first > now:  # (the sequences that set the bound left the batch)
             self._next_limit = first
             return []
         # These end with this step and leave the batch: look again at the next step.
-        self._next_limit = self.num_steps + 1
-        return (limits <= self.num_steps).nonzero()[0].tolist()
-
-    def _grow(self) -> None:
-        """Doubles the buffers (a batch past its expected size)."""
-        extra = bucket(2 * len(self._rows)) - len(self._rows)
-        self._rows = np.concatenate([self._rows, np.zeros(extra, np.int64)])
-        self._limits = np.concatenate([self._limits, np.full(extra, _NEVER, np.int64)])
+        self._next_limit = now + 1
+        return [i for i, limit in enumerate(self._limits) if limit <= now]
