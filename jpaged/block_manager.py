@@ -422,10 +422,9 @@ class BlockManager:
             logical.append(index)
         return blocks, logical
 
-    def decode_cursor(self, rows: list[int], capacity: int = 8) -> PagedDecodeCursor:
-        """A cursor giving `rows` (no forked siblings) one slot per step, with buffers for
-        `capacity` rows (see `decode_cursor`)."""
-        return PagedDecodeCursor(self, rows, capacity)
+    def decode_cursor(self, rows: list[int]) -> PagedDecodeCursor:
+        """A cursor giving `rows` (no forked siblings) one slot per step (see `decode_cursor`)."""
+        return PagedDecodeCursor(self, rows)
 
     def _copy_on_write(self, row: int, index: int, src: int) -> int:
         """Replaces shared block `src` at logical `index` of `row` by a private block; returns it."""

@@ -29,11 +29,10 @@ _NEVER = 1 << 62  # no length limit ahead
 class DecodeBatch:
     """Decoding sequences with what their steps share (see the module docstring)."""
 
-    __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_capacity", "_index", "_rows",
+    __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows",
                  "_limits", "_next_limit", "_sampled", "_sampled_step", "_lists_out")
 
-    def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = (), capacity: int = 8):
-        """`capacity`: the rows the batch expects to hold at most (for its cursor's buffers)."""
+    def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = ()):
         self.kv = kv
         self.seqs: list[Sequence] = []  # [n] in batch order
         # Each sequence's token list (the same list object for its whole life): the step reads
@@ -45,7 +44,6 @@ class DecodeBatch:
         # The KV manager's decode cursor over the rows (made at the first step that uses it;
         # dropped when the rows get slots another way: `advance`).
         self.cursor = None
-        self._capacity = capacity
         self._index: dict[int, int] = {}  # seq id -> batch index
         self._rows: list[int] = []  # [n] block-table row of each sequence
         # [n] the step whose token brings each sequence to its length limit (each step appends
@@ -133,7 +131,7 @@ class DecodeBatch:
         slots / context lengths, i32[S, M] block tables), or None (nothing changed) when the
         pool is out of blocks."""
         if self.cursor is None:
-            self.cursor = self.kv.decode_cursor(self._rows, self._capacity)
+            self.cursor = self.kv.decode_cursor(self._rows)
         arrays = self.cursor.step()
         if arrays is not None:
             self.num_steps += 1
@@ -142,7 +140,7 @@ class DecodeBatch:
     def blocks_needed(self) -> int:
         """Blocks the next `step` takes."""
         if self.cursor is None:
-            self.cursor = self.kv.decode_cursor(self._rows, self._capacity)
+            self.cursor = self.kv.decode_cursor(self._rows)
         return self.cursor.blocks_needed()
 
     def advance(self) -> None:

@@ -3,10 +3,9 @@
 A steady decode step gives every running sequence one more KV slot and hands the executor each
 row's position, slot and context length, plus the block tables. All of that changes by +1 per
 step except at a block boundary, and each row reaches its next boundary exactly every
-`block_size` steps. `PagedDecodeCursor` keeps the next step's arrays in buffers sized for the
-most rows the batch may hold, and sorts its rows into `block_size` classes by the step at which
-they cross a boundary, so a step is one array add, plus opening blocks for the class whose turn
-it is. `AppendCursor` is the generic form over any `KVCacheManager.append_slots` (the contiguous
+`block_size` steps. `PagedDecodeCursor` keeps the next step's padded arrays, and sorts its rows
+into `block_size` classes by the step at which they cross a boundary, so a step is one array add,
+plus opening blocks for the class whose turn it is. `AppendCursor` is the generic form over any `KVCacheManager.append_slots` (the contiguous
 baselines use it).
 
 Both are persistent: rows join (`add`) and leave (`remove`, the last row moving into the hole,
@@ -45,25 +44,20 @@ def _table_width(kv: KVCacheManager, num_blocks: int) -> int:
     return min(bucket(num_blocks), kv.max_blocks_per_seq)
 
 
-def _capacity(n: int) -> int:
-    """Buffer length for n rows: a bucket size, so that every padded step size up to it fits."""
-    return bucket(n)
-
-
 class AppendCursor:
     """The generic cursor: `append_slots` each step, then the step's arrays gathered from the
     manager's tables (any `KVCacheManager`)."""
 
-    def __init__(self, kv: KVCacheManager, rows: list[int], capacity: int = 8):
+    def __init__(self, kv: KVCacheManager, rows: list[int]):
         self.kv = kv
-        self._rows = np.zeros(_capacity(max(capacity, len(rows))), np.int64)  # i64[C] rows, then row 0
+        self._rows = np.zeros(bucket(len(rows)), np.int64)  # i64[C] rows, then row 0 (C a bucket size)
         self._rows[: len(rows)] = rows
         self._n = len(rows)
 
     def add(self, row: int) -> None:
         """Appends a row (its next token gets a slot from the next step on)."""
         if self._n == len(self._rows):
-            self._rows = np.concatenate([self._rows, np.zeros(_capacity(2 * self._n) - self._n, np.int64)])
+            self._rows = np.concatenate([self._rows, np.zeros(bucket(2 * self._n) - self._n, np.int64)])
         self._rows[self._n] = row
         self._n += 1
 
@@ -108,8 +102,7 @@ class PagedDecodeCursor:
     __slots__ = ("kv", "_row_list", "_rows", "_state", "_increment", "_tables", "_tables_out", "_blocks_in_use",
                  "_due", "_t")
 
-    def __init__(self, kv: BlockManager, rows: list[int], capacity: int = 8):
-        """(`capacity` is unused: the buffers follow the batch's size.)"""
+    def __init__(self, kv: BlockManager, rows: list[int]):
         bs, n = kv.block_size, len(rows)
         self.kv = kv
         self._row_list = list(rows)  # [n] the rows, in batch order (a crossing row's index: .index)

@@ -100,11 +100,11 @@ class KVCacheManager(Protocol):
     def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """`append_slots` for one row and `count` tokens (a prompt chunk)."""
 
-    def decode_cursor(self, rows: list[int], capacity: int = 8) -> DecodeCursor:
-        """A cursor over `rows` (no forked siblings) with buffers for `capacity` rows: each `step()`
-        gives every row one more slot and returns the step's arrays, or None (nothing changed)
-        when out of blocks; rows join (`add(row)`) and leave (`remove(index)`, the last row
-        moving into its place) in place (see jpaged.decode_cursor)."""
+    def decode_cursor(self, rows: list[int]) -> DecodeCursor:
+        """A cursor over `rows` (no forked siblings): each `step()` gives every row one more slot
+        and returns the step's arrays, or None (nothing changed) when out of blocks; rows join
+        (`add(row)`) and leave (`remove(index)`, the last row moving into its place) in place
+        (see jpaged.decode_cursor)."""
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """A new sequence of the parent's group holding the parent's first `num_blocks` blocks (default all)."""

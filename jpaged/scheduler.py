@@ -91,7 +91,7 @@ class Scheduler:
         self._rejected: list[tuple[SequenceGroup, str]] = []
         self._held_back = False  # this step's admission stopped for lack of blocks
         # Admission of the queue's head is retried every step; while nothing it depends on has
-        # changed since it was held back, the retry is skipped (`_head_held_back`). The attempt's
+        # changed since it was held back, the retry is skipped (`_nothing_to_admit`). The attempt's
         # group, block events, running sequences, prompt tokens it had left, tokens it asked for
         # and free blocks:
         self._held_back_at: tuple[SequenceGroup | None, int, int, int, int] = (None, -1, -1, -1, -1)
@@ -569,7 +569,7 @@ class Scheduler:
             else:
                 partial = {id(g) for g in self._partial}
                 seqs = [s for g in self.running if id(g) not in partial for s in g.seqs if s.status is running]
-            self._batch = batch = DecodeBatch(self.block_manager, seqs, self.config.max_num_seqs)
+            self._batch = batch = DecodeBatch(self.block_manager, seqs)
             self._batch_joins.clear()
             self._batch_drops.clear()
             return batch

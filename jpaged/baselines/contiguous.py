@@ -271,9 +271,9 @@ class ContiguousBlockManager:
         """`append_slots` for one row and `count` tokens."""
         return self.append_slots(np.array([row], np.int64), np.array([count], np.int64))
 
-    def decode_cursor(self, rows: list[int], capacity: int = 8) -> AppendCursor:
+    def decode_cursor(self, rows: list[int]) -> AppendCursor:
         """The generic cursor over `append_slots` (appending never fails here)."""
-        return AppendCursor(self, rows, capacity)
+        return AppendCursor(self, rows)
 
     # ------------------------------------------------------------------ swap (none)
 
