@@ -76,7 +76,10 @@ class Scheduler:
         # Decoding sequences of the other running groups and their rows, kept from step to step
         # and edited by events: groups that joined running or finished their prompts add their
         # sequences at the next step (`_batch_joins`), finished sequences leave it then
-        # (`_batch_drops`), a preempted group's at once; a fork rebuilds it (None).
+        # (`_batch_drops`), a preempted group's at once. A removal moves the last row into the
+        # hole, which would reorder a forked group's rows (beam ranks follow their order): while
+        # a running group has several sequences, a removal or a fork rebuilds it (None), in
+        # running order, as a fresh batch would be.
         self._batch: DecodeBatch | None = None
         self._batch_joins: list[SequenceGroup] = []
         self._batch_drops: list[Sequence] = []
@@ -334,7 +337,9 @@ class Scheduler:
             self.abort(victim)
             return 0
         self._leave_running(victim)
-        if self._batch is not None:
+        if self._num_multi_running:
+            self._batch = None
+        elif self._batch is not None:
             self._batch.discard(victim.seqs)
         self._preempt(victim)
         return 1
@@ -574,6 +579,9 @@ class Scheduler:
             self._batch_drops.clear()
             return batch
         if self._batch_drops:
+            if self._num_multi_running:
+                self._batch = None
+                return self._running_batch()
             batch.discard(self._batch_drops)
             self._batch_drops.clear()
         if self._batch_joins:

@@ -91,3 +91,32 @@ def test_beam_search_without_a_model_branches_and_frees():
         [list(range(1, 20))], SamplingParams(n=4, use_beam_search=True, max_tokens=12), use_tqdm=False)[0]
     assert [c.cumulative_logprob for c in again.outputs] == [c.cumulative_logprob for c in out.outputs]
     assert engine.kv_stats()["num_free_blocks"] == engine.kv_stats()["num_total_blocks"]
+
+
+@pytest.mark.parametrize("policy", ["paper", "chunked"])
+def test_beam_search_without_a_model_does_not_depend_on_its_neighbours(policy):
+    """The simulator's beam candidates depend on each beam's rank among its group's rows: finishes
+    of other requests around a beam group (rows leaving the running batch) must not reorder them,
+    so the group's beams are the same served alone or among short requests."""
+    from experiments.bench_host import NullExecutor
+    from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+    from jpaged.engine import LLMEngine
+
+    def served(neighbours: int):
+        config = EngineConfig(cache=CacheConfig(block_size=4, num_blocks=256, num_host_blocks=0),
+                              scheduler=SchedulerConfig(max_num_seqs=32, max_model_len=128, policy=policy),
+                              executor="sim")
+        engine = LLMEngine(config, executor=NullExecutor())
+        # The neighbours arrive first: their rows lead the batch, and each finish moves a row
+        # from its end (a beam's) into the hole.
+        for i in range(neighbours):
+            engine.add_request(f"n{i}", list(range(30 + i, 40 + i)),
+                               SamplingParams(max_tokens=2 + 3 * i, ignore_eos=True))
+        engine.add_request("beams", list(range(1, 20)), SamplingParams(n=4, use_beam_search=True, max_tokens=40))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.request_id == "beams" and out.finished:
+                    beams = [(c.token_ids, c.cumulative_logprob) for c in out.outputs]
+        return beams
+
+    assert served(12) == served(0)
