@@ -8,8 +8,10 @@ test for the whole batch plus the rows known to reach their limit, and its input
 tokens the previous step sampled. The running set changes by events (an admission, a prompt's
 last chunk, a swap-in, a finish, a preemption), and each edits the batch and its cursor in place:
 `add` appends sequences, `discard` removes them, the last row moving into the hole (vLLM v1's
-persistent input batch condenses the same way), so rows are in no particular order. Only a fork
-rebuilds it. Pure Python + numpy: no jax import.
+persistent input batch condenses the same way), so rows are in no particular order. The
+scheduler rebuilds it instead where order matters: on a fork, and on a removal while a group
+with several sequences runs (beam ranks follow its rows' order). Pure Python + numpy: no jax
+import.
 """
 
 from __future__ import annotations
@@ -58,9 +60,6 @@ class DecodeBatch:
 
     def __len__(self) -> int:
         return len(self.seqs)
-
-    def __contains__(self, seq: Sequence) -> bool:
-        return seq.seq_id in self._index
 
     @property
     def rows(self) -> np.ndarray:

@@ -129,9 +129,6 @@ class PagedDecodeCursor:
         for row, p in zip(rows, positions.tolist()):
             self._due[-p % bs].append(row)
 
-    def __len__(self) -> int:
-        return len(self._row_list)
-
     def add(self, row: int) -> None:
         """Appends a row (no forked siblings; its next token gets a slot from the next step on)."""
         kv, bs, n = self.kv, self.kv.block_size, len(self._row_list)
