@@ -373,7 +373,7 @@ class BlockManager:
             if len(needs_block) > self.num_free_blocks:
                 return None
             if not may_share:  # every such row opens a block: all at once
-                last[needs_block] = self.open_blocks(rows[needs_block].tolist(), logical[needs_block].tolist())
+                last[needs_block] = self.open_next_blocks(rows[needs_block].tolist())[0]
             else:  # rows that open a block or write into a shared one, row by row
                 for i in needs_block.tolist():
                     row, idx = int(rows[i]), int(logical[i])
@@ -394,18 +394,6 @@ class BlockManager:
         last *= bs
         last += offset
         return last, copy_pairs
-
-    def open_blocks(self, rows: list[int], logical: list[int]) -> list[int]:
-        """Gives each of `rows` (distinct) a fresh block at logical index `logical[i]`, its next
-        one; returns the blocks. The caller checked that `num_free_blocks` covers them. (A few
-        rows per step: plain integers beat array calls.)"""
-        blocks = self._take_blocks(len(rows))
-        tables, refs, row_blocks, width = self._tables, self._refs, self._row_blocks, self.max_blocks_per_seq
-        for row, index, block in zip(rows, logical, blocks):
-            tables[row * width + index] = block
-            refs[block] = 1
-            row_blocks[row] = index + 1
-        return blocks
 
     def open_next_blocks(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """Gives each of `rows` (distinct, their blocks full: the next token starts a block) a fresh

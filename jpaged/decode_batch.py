@@ -16,6 +16,7 @@ import.
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
@@ -152,12 +153,14 @@ class DecodeBatch:
         """Records the tokens the current step sampled, one per sequence, all appended."""
         self._sampled, self._sampled_step = tokens, self.num_steps
 
-    def last_tokens(self) -> list[int] | None:
-        """[n] each sequence's last token, when the previous step recorded them (`sampled`) and
-        the batch did not change since: the next step's input ids without a pass over the token
-        lists. None otherwise (then read `token_lists`): every step counts in `num_steps`, so a
-        record is never stale."""
-        return self._sampled if self._sampled_step == self.num_steps - 1 else None
+    def last_tokens(self) -> list[int] | np.ndarray:
+        """[n] each sequence's last token: the step's input ids. The tokens the previous step
+        recorded (`sampled`), when the batch did not change since (every step counts in
+        `num_steps`, so a record is never stale); else read from the token lists."""
+        if self._sampled_step == self.num_steps - 1 and self._sampled is not None:
+            return self._sampled
+        # (fromiter beats a list comprehension's setitem here)
+        return np.fromiter(map(operator.itemgetter(-1), self.token_lists), np.int32, len(self.token_lists))
 
     def length_stops(self) -> list[int]:
         """Batch indices of the sequences that reach their length limit with the token the current

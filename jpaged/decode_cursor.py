@@ -5,8 +5,8 @@ row's position, slot and context length, plus the block tables. All of that chan
 step except at a block boundary, and each row reaches its next boundary exactly every
 `block_size` steps. `PagedDecodeCursor` keeps the next step's padded arrays, and sorts its rows
 into `block_size` classes by the step at which they cross a boundary, so a step is one array add,
-plus opening blocks for the class whose turn it is. `AppendCursor` is the generic form over any `KVCacheManager.append_slots` (the contiguous
-baselines use it).
+plus opening blocks for the class whose turn it is. `AppendCursor` is the generic form over any
+`KVCacheManager.append_slots` (the contiguous baselines use it).
 
 Both are persistent: rows join (`add`) and leave (`remove`, the last row moving into the hole,
 as vLLM v1's input batch condenses) in place, so an admission, a finish or a preemption edits a

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +25,6 @@ if TYPE_CHECKING:
     from jpaged.kv_manager import KVCacheManager
     from jpaged.sequence import Sequence
 
-_last = operator.itemgetter(-1)
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
 
@@ -175,11 +172,7 @@ def batch_plan(batch: DecodeBatch, state: np.ndarray, tables: np.ndarray, swap_i
     seqs, token_lists = batch.handed_out()
     n, size = len(seqs), state.shape[1]
     token_ids = np.zeros(size, np.int32)
-    last_tokens = batch.last_tokens()
-    if last_tokens is not None:
-        token_ids[:n] = last_tokens
-    else:  # (fromiter beats a list comprehension's setitem here)
-        token_ids[:n] = np.fromiter(map(_last, token_lists), np.int32, n)
+    token_ids[:n] = batch.last_tokens()
     query_start_loc, logits_indices = _decode_ranges(n, size)
     sampling = SampleRows(seqs, logits_indices[:n], None, 0, True, [], batch.stop_tokens, token_lists,
                           batch.length_stops(), batch, n)
@@ -316,9 +309,7 @@ class PlanBuilder:
         if n_b:
             batch, state, batch_tables = self._decodes
             seqs += batch.seqs
-            last_tokens = batch.last_tokens()
-            token_ids[:n_b] = last_tokens if last_tokens is not None else np.fromiter(
-                map(_last, batch.token_lists), np.int32, n_b)
+            token_ids[:n_b] = batch.last_tokens()
             per_token[1:, :n_b] = state[:2, :n_b]  # positions, slots
             context_lens[:n_b] = state[2, :n_b]
             query_start_loc[1: n_b + 1] = _decode_ranges(n_b, bucket(n_b))[0][1: n_b + 1]  # one row each
