@@ -24,8 +24,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from jpaged.checkpoint import load_params
 from jpaged.config import ModelConfig
+from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
 from jpaged.models.runner import ModelRunner

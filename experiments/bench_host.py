@@ -21,11 +21,11 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import StepPlan
 from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.executors.base import ModelOutput
-from jpaged.executors.sim import SIMULATED_TOKEN, synthetic_candidates
-from jpaged.sequence import SamplingParams
-from jpaged.step_plan import StepPlan
+from jpaged.paper.sim.executor import SIMULATED_TOKEN, synthetic_candidates
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from experiments import plots
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.models.presets import get_preset
-from jpaged.systems import SimConfig, build_engine
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import WorkloadConfig, generate_trace
+from jpaged.config.presets import get_preset
+from jpaged.paper.systems import SimConfig, build_engine
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

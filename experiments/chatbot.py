@@ -1,7 +1,7 @@
 """Chatbot serving: normalized latency vs request rate for vLLM and the Orca variants (paper Fig. 17).
 
 Each request is one round of a synthesized ShareGPT-shaped conversation
-(`jpaged.workloads.conversation_lengths`): its prompt is the conversation so far (earlier
+(`jpaged.paper.workloads.conversation_lengths`): its prompt is the conversation so far (earlier
 queries and replies) plus the new query, cut to the last `max_prompt_len` (1024) tokens; its
 output is the reply, at most `max_output_len` (1024) tokens. No KV cache is kept across rounds,
 so rounds are independent requests; they arrive as a Poisson process at the request rate. Long
@@ -24,10 +24,10 @@ from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.models.presets import get_preset
-from jpaged.systems import SimConfig, build_engine, check_system
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import conversation_lengths, lengths_trace, poisson_arrivals
+from jpaged.config.presets import get_preset
+from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import conversation_lengths, lengths_trace, poisson_arrivals
 
 logger = logging.getLogger(__name__)
 

@@ -26,12 +26,12 @@ from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
+from jpaged.config.presets import get_preset
 from jpaged.engine import LLMEngine
-from jpaged.metrics import summarize_token_times
-from jpaged.models.presets import get_preset
-from jpaged.systems import SimConfig, build_engine, make_scheduler
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import Dataset, TraceRequest, WorkloadConfig, generate_trace
+from jpaged.paper.metrics import summarize_token_times
+from jpaged.paper.systems import SimConfig, build_engine, make_scheduler
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import Dataset, TraceRequest, WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ ATTEMPTS = 3  # fresh-process starts per run before giving up
 class CpuVsVllmConfig:
     """Model, workload, memory conditions and rounds of the comparison."""
 
-    model: str = "opt-125m"  # an OPT preset (jpaged.models.presets): its shapes, jpaged's dummy weights
+    model: str = "opt-125m"  # an OPT preset (jpaged.config.presets): its shapes, jpaged's dummy weights
     seed: int = 0  # dummy weights and workload
     dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32"])
     kv_slots: list[int] = dataclasses.field(default_factory=lambda: [4096])  # KV tokens each engine gets
@@ -90,9 +90,9 @@ def write_hf_dir(directory: Path, name: str, seed: int) -> Path:
     """jpaged's seeded dummy weights of OPT preset `name` as a float32 Hugging Face directory."""
     from safetensors.numpy import save_file
 
+    from jpaged.config.presets import get_preset
     from jpaged.models import decoder
     from jpaged.models.hf_names import hf_tensor_names
-    from jpaged.models.presets import get_preset
 
     spec = get_preset(name)
     if spec.family != "opt":
@@ -123,9 +123,9 @@ def run_jpaged(workload: dict) -> dict:
     the timed run), then, if `num_logprobs` > 0, once more untimed with the top `num_logprobs`
     log-probabilities of every token."""
     from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from jpaged.core.sequence import SamplingParams
     from jpaged.engine import LLMEngine
     from jpaged.executors.jax import JaxExecutor
-    from jpaged.sequence import SamplingParams
 
     block_size = workload["block_size"]
     config = EngineConfig(
@@ -228,7 +228,7 @@ def run(config: CpuVsVllmConfig) -> dict:
     if skip:
         print(f"vLLM side skipped: {skip}. Install vLLM's CPU build as ../shared/bench/README.md says "
               f"and set vllm_python; measuring jpaged only.", flush=True)
-    from jpaged.models.presets import get_preset
+    from jpaged.config.presets import get_preset
 
     serve = ServeRealConfig(num_requests=config.num_requests, length_scale=config.length_scale,
                             max_model_len=config.max_model_len, seed=config.seed)

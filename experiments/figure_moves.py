@@ -6,7 +6,7 @@ today's results/, and, where it exists, from an attribution run: today's code an
 the pre-fit cost model (configs/attribution/), so that a move splits into the part the scheduler
 made (previous -> attribution) and the part the cost model made (attribution -> today). How close
 the attribution's cost model is to the pre-fit model is measured too: both models' step times on
-the same batches, the old one loaded from `jpaged/sim/cost_model.py` at `old_cost_model_rev`.
+the same batches, the old one loaded from `jpaged/paper/sim/cost_model.py` at `old_cost_model_rev`.
 REPORT.md's "Which figures moved and why" renders results/figure_moves.json.
 
     python -m experiments.figure_moves --config configs/figure_moves.yaml
@@ -28,7 +28,7 @@ import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import load_config
-from jpaged.systems import LABELS
+from jpaged.paper.systems import LABELS
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class FigureMovesConfig:
     """The previous commit to compare with, and where the pre-fit cost model lives."""
 
     before: str = "ff24d9a"  # the commit whose results/ are "the previous results"
-    old_cost_model_rev: str = "fe10aba"  # a commit holding the pre-fit jpaged/sim/cost_model.py
+    old_cost_model_rev: str = "fe10aba"  # a commit holding the pre-fit jpaged/paper/sim/cost_model.py
     attribution_config: str = "configs/attribution/throughput.yaml"  # whose sim.cost approximates it
     output: str = "results/figure_moves.json"
 
@@ -164,11 +164,11 @@ def old_cost_model_agreement(config: FigureMovesConfig) -> dict:
     cost model / the pre-fit model at `old_cost_model_rev` ("ratio": how faithful the attribution is),
     and today's fitted model / the pre-fit model ("fitted_ratio": how much slower steps became)."""
     from experiments.throughput import ThroughputConfig
-    from jpaged.models.presets import get_preset
-    from jpaged.sim.cost_model import CostModel
-    from jpaged.sim.gpus import get_gpu
+    from jpaged.config.presets import get_preset
+    from jpaged.paper.sim.cost_model import CostModel
+    from jpaged.paper.sim.gpus import get_gpu
 
-    source = subprocess.run(["git", "show", f"{config.old_cost_model_rev}:jpaged/sim/cost_model.py"], cwd=REPO_ROOT,
+    source = subprocess.run(["git", "show", f"{config.old_cost_model_rev}:jpaged/paper/sim/cost_model.py"], cwd=REPO_ROOT,
                             capture_output=True, text=True, check=True).stdout
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "old_cost_model.py"

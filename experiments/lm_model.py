@@ -13,9 +13,9 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from jpaged.config.presets import ModelSpec
 from jpaged.models import decoder
 from jpaged.models.hf_names import hf_tensor_names, spec_from_hf_config
-from jpaged.models.presets import ModelSpec
 
 Params = decoder.Params
 _STORE_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

@@ -3,8 +3,8 @@
 Each system serves the same Poisson ShareGPT trace (paper §6.2 setup: OPT-13B on one
 A100-40GB) for `duration_s` simulated seconds at a rate that keeps every system loaded; the KV
 slot space is split at every step into token states | reserved | internal fragmentation |
-external fragmentation | free (definitions: jpaged/kv_usage.py) and averaged over time, in two
-windows (jpaged/metrics.py): the whole run, and the steady state, from the first step during which
+external fragmentation | free (definitions: jpaged/paper/kv_usage.py) and averaged over time, in two
+windows (jpaged/paper/metrics.py): the whole run, and the steady state, from the first step during which
 the pool was full (a preemption, or a waiting request held back for lack of memory) to the end, so
 the warm-up while the pool first fills is left out. A second figure shows the block pool over a
 window of the run: which request owns which block.
@@ -22,12 +22,12 @@ from tqdm.auto import tqdm
 
 from experiments import plots
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from jpaged.block_manager import BlockManager
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from jpaged.models.presets import get_preset
-from jpaged.systems import SimConfig, build_engine, check_system
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import Dataset, WorkloadConfig, generate_trace
+from jpaged.config.presets import get_preset
+from jpaged.core.block_manager import BlockManager
+from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 Every request of a Poisson trace asks for `width` outputs: parallel sampling (n independent
 samples sharing the prompt) or beam search (width beams sharing their common history). vLLM
 shares blocks with copy-on-write; the Orca variants give every sequence its own contiguous
-region and copy the parent's KV at each fork (`jpaged/baselines/contiguous.py`). The simulator
+region and copy the parent's KV at each fork (`jpaged/paper/baselines/contiguous.py`). The simulator
 has no model, so beam search runs under each of `beam_branching`'s models of where beams branch
-(jpaged/executors/sim.py): `synthetic` (seeded random log-probabilities of one flat shape) and
+(jpaged/paper/sim/executor.py): `synthetic` (seeded random log-probabilities of one flat shape) and
 `recorded` (a trained model's beam search, recorded by experiments/record_beams.py into
 `beam_trace` and replayed step by step). Each (mode, branching) pair is a series: parallel,
 beam_synthetic, beam_recorded. Every vLLM point also measures the memory saving of sharing from
@@ -27,11 +27,11 @@ from experiments.common import REPO_ROOT, main, provenance, sha256_of, write_jso
 from experiments.serving import BranchingMeter, SharingMeter, point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.models.presets import get_preset
-from jpaged.sequence import SamplingParams
-from jpaged.systems import LABELS, SimConfig, build_engine, check_system
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import WorkloadConfig, generate_trace
+from jpaged.config.presets import get_preset
+from jpaged.core.sequence import SamplingParams
+from jpaged.paper.systems import LABELS, SimConfig, build_engine, check_system
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

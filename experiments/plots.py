@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # headless: experiments write PNGs, they never open windo
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jpaged.systems import LABELS  # noqa: E402
+from jpaged.paper.systems import LABELS  # noqa: E402
 
 # The paper's figures draw vLLM in red and the baselines in cooler colors.
 COLORS = {"vllm": "tab:red", "orca_oracle": "tab:blue", "orca_pow2": "tab:cyan",
@@ -47,7 +47,7 @@ def system_curves(ax, points: list[dict], key: str, systems: list[str], ylabel: 
     ax.grid(alpha=0.3)
 
 
-# Fig. 13's two batch sizes (jpaged/metrics.py BatchOccupancyAccumulator): point key, axis label.
+# Fig. 13's two batch sizes (jpaged/paper/metrics.py BatchOccupancyAccumulator): point key, axis label.
 BATCH_SIZES = (("requests_resident", "Requests resident in the KV cache"),
                ("requests_per_step", "Requests per step"))
 

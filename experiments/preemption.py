@@ -28,15 +28,15 @@ from experiments import plots
 from experiments.common import REPO_ROOT, main, point_provenance, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
+from jpaged.config.presets import get_preset
+from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import StepPlan, pairs_array
 from jpaged.engine import LLMEngine
-from jpaged.models.presets import get_preset
-from jpaged.sequence import SamplingParams
-from jpaged.sim.cost_model import CostModel
-from jpaged.sim.gpus import get_gpu
-from jpaged.step_plan import StepPlan, pairs_array
-from jpaged.systems import SimConfig, build_engine
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import Dataset, WorkloadConfig, generate_trace
+from jpaged.paper.sim.cost_model import CostModel
+from jpaged.paper.sim.gpus import get_gpu
+from jpaged.paper.systems import SimConfig, build_engine
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Profile the real executor and set the simulator's cost models beside what it measures.
 
-The Vidur approach (jpaged.sim.profiled): the JaxExecutor runs a grid of step shapes (decode
+The Vidur approach (jpaged.paper.sim.profiled): the JaxExecutor runs a grid of step shapes (decode
 batches x contexts, prompts, batches of prompts, prompts beside decodes; each compiled first,
 then the fastest of `repeats`); the profiled cost model is fitted on every other shape and
 checked on the rest (held out). With `gpu` set (on a GPU: the spec of the device the run is on),
@@ -21,9 +21,9 @@ import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig
-from jpaged.sim.cost_model import CostModel, CostModelConfig
-from jpaged.sim.gpus import get_gpu
-from jpaged.sim.profiled import FittedCostModel, profile
+from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
+from jpaged.paper.sim.gpus import get_gpu
+from jpaged.paper.sim.profiled import FittedCostModel, profile
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ProfileExecutorConfig:
     decode_contexts: list[int] = dataclasses.field(default_factory=lambda: [64, 256, 1024])  # ... x context
     prefill_tokens: list[int] = dataclasses.field(default_factory=lambda: [16, 64, 256, 1024])  # prompt lengths
     repeats: int = 3  # timed runs per shape after the compiling one (the fastest counts)
-    gpu: str | None = None  # jpaged.sim.gpus spec the roofline prices (the device's); null: no roofline
+    gpu: str | None = None  # jpaged.paper.sim.gpus spec the roofline prices (the device's); null: no roofline
     output: str = "results/profile_executor.json"  # results JSON, relative to the repo root
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """Where the forward step's time goes on this CPU: per compiled op, summed by part of the model.
 
 For each case (decode batches, a prefill) the real jitted step (ModelRunner, the paged KV pool
-donated) runs and then samples greedily (jpaged.sampling), as JaxExecutor.execute does. After a
+donated) runs and then samples greedily (jpaged.executors.sampling), as JaxExecutor.execute does. After a
 compile and warm-up, `steps` steps run under `jax.profiler.trace`; XLA:CPU's thunk executor
 records one event per executed op (fusion, dot, YNNPACK fusion, scatter...), named by its HLO
 instruction and module. Each op is attributed to a part through the `op_name` metadata of the
@@ -40,13 +40,13 @@ import jax
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from jpaged.checkpoint import load_params
 from jpaged.config import ModelConfig
+from jpaged.core.step_plan import SamplingBatch
+from jpaged.executors.sampling import sample
+from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
 from jpaged.models.runner import ModelRunner, step_arrays
-from jpaged.sampling import sample
-from jpaged.step_plan import SamplingBatch
 
 logger = logging.getLogger(__name__)
 

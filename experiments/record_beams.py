@@ -5,7 +5,7 @@ tokenized with the model's tokenizer: local text in the model's domain) run a re
 the real executor, `max_tokens` steps each with EOS ignored, as the simulated requests do. At every
 step the recorder keeps each beam's top 2 x width candidates (token ids and log-probabilities),
 keyed by the beam's rank among its group's rows: exactly what the model handed the engine's beam
-step. `jpaged.executors.sim.BeamReplay` hands them back in the same order, so a simulated search
+step. `jpaged.paper.sim.executor.BeamReplay` hands them back in the same order, so a simulated search
 follows the recorded one. The summary JSON holds, per width, how the recorded searches branched
 (distinct parents per step, the share of steps whose beams all continue one parent) beside the
 same measures of the synthetic branching model on the same requests.
@@ -27,11 +27,11 @@ import numpy as np
 from experiments.common import REPO_ROOT, main, provenance, sha256_of, write_json
 from experiments.serving import BranchingMeter
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.config.presets import get_preset
+from jpaged.core.outputs import RequestOutput
+from jpaged.core.sequence import SamplingParams
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.sim import SimExecutor, beam_rows
-from jpaged.models.presets import get_preset
-from jpaged.outputs import RequestOutput
-from jpaged.sequence import SamplingParams
+from jpaged.paper.sim.executor import SimExecutor, beam_rows
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def search(engine: LLMEngine, prompts: list[list[int]], width: int,
 def run(config: RecordBeamsConfig) -> dict:
     """Records every width's searches; writes the .npz and the summary JSON; returns the summary."""
     from jpaged.executors.jax import JaxExecutor
-    from jpaged.systems import make_scheduler
+    from jpaged.paper.systems import make_scheduler
 
     real_config = engine_config(config, "jax")
     executor = JaxExecutor(real_config)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from experiments.report_sections import Figures, command, finished, not_run, rate_cell
 
-
 PAPER_BEST = {"sharegpt": (16, 128), "alpaca": (16, 32)}  # block sizes that work best (§7.2, our reading)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from jpaged.systems import LABELS
+from jpaged.paper.systems import LABELS
 
 # The paper every claim cites; its sections and figures are named where a claim is quoted.
 PAPER = ('Kwon et al., "Efficient Memory Management for Large Language Model Serving with PagedAttention", '
@@ -91,9 +91,9 @@ why the two differ. This file is generated: `python -m experiments.report` (or
 below comes from a committed result; file names without a folder are beside this file, and the last
 section lists which runs (git sha, date) computed each file's points. All serving figures are
 **simulated** unless a section says otherwise: the scheduler, block manager and baseline allocators run for
-real; only step times come from the cost model (`jpaged/sim/cost_model.py`), whose constants are fitted on
+real; only step times come from the cost model (`jpaged/paper/sim/cost_model.py`), whose constants are fitted on
 measurements of vLLM on A100 GPUs, never on the paper's figures (next section). Systems are built by
-`jpaged/systems.py`; every paper-figure config runs the paper's scheduler (`scheduler.policy: paper`).
+`jpaged/paper/systems.py`; every paper-figure config runs the paper's scheduler (`scheduler.policy: paper`).
 Sustained rate = where normalized latency crosses 4× the sweep's lowest, interpolated (`+`: still under it at
 the highest rate swept; `−`: over it at the lowest). Agreement sentences place each of our values against the
 paper's range, value by value."""
@@ -124,7 +124,7 @@ def memory_waste(results: dict, figures: Figures) -> str:
     cfg = r["provenance"]["config"]
     return head + f"""Command: {command("memory_waste")}. Setup: {cfg["model"]["name"]}, {cfg["sim"]["tp"]}× {cfg["sim"]["gpu"]},
 {cfg["dataset"]} at {cfg["request_rate"]} req/s for {cfg["duration_s"]:.0f} simulated seconds, the same trace for every
-system; time-averaged percent of the slot space (`memory_waste.json`) in two windows (`jpaged/metrics.py`):
+system; time-averaged percent of the slot space (`memory_waste.json`) in two windows (`jpaged/paper/metrics.py`):
 *whole run* = every executed step, weighted by its duration; *steady state* = from the first step during which
 the pool was full (a preemption, or a waiting request held back for lack of KV memory) to the end, leaving out
 the warm-up while the pool first fills (its length is the last column).
@@ -136,7 +136,7 @@ the warm-up while the pool first fills (its length is the last column).
 
 Agreement, per value: Orca token states, whole run: {against(orca, 20.4, 38.2)}; steady state:
 {against(orca_steady, 20.4, 38.2)} (paper 20.4–38.2%). vLLM's waste (reserved + internal): """ + "; ".join(
-        f"{w} {x:.1f}%" for w, x in waste.items()) + f""" (paper < 4%). Definitions (`jpaged/kv_usage.py`): a sequence writes K/V for
+        f"{w} {x:.1f}%" for w, x in waste.items()) + f""" (paper < 4%). Definitions (`jpaged/paper/kv_usage.py`): a sequence writes K/V for
 its first final_len − 1 positions; *reserved* = allocated slots it will still write, *internal* = allocated
 slots nobody will write (Orca's over-reservation and the buddy's rounding; vLLM's slots of a sequence's final
 block past its end), *external* = free slots in buddy blocks smaller than the region the head of the waiting
@@ -164,7 +164,7 @@ def real_executor(results: dict, figures: Figures) -> str:
                   f"{r['provenance']['config']['model']['name']} (dummy weights) via `executor: jax` on "
                   f"{r['provenance'].get('device', '?')} (`throughput_tiny_jax.json`, {r['total_wall_s']:.0f} s of "
                   "serving). Its latencies are wall times and only show the path works. "
-                  "`tests/baselines/test_contiguous.py::test_real_model_tokens_match_vllm` checks that Orca's contiguous "
+                  "`tests/paper/baselines/test_contiguous.py::test_real_model_tokens_match_vllm` checks that Orca's contiguous "
                   "regions give the same greedy tokens as vLLM's paged blocks.\n\n"
                   + figures(("throughput_tiny_jax.png", "The real executor's sweep (wall-clock latencies)")))
 

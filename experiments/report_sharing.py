@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from experiments.report_sections import ORCAS, Figures, against, command, finished, not_run, rate_cell
-from jpaged.systems import LABELS
-
+from jpaged.paper.systems import LABELS
 
 SERIES = {"parallel": "parallel sampling", "beam_synthetic": "beam search, synthetic branching",
           "beam_recorded": "beam search, recorded branching"}
@@ -80,7 +79,7 @@ def parallel_sampling(results: dict, figures: Figures) -> str:
     model = traces["provenance"]["config"]["model"]["name"] if traces else "a trained model"
     return head + f"""Command: {command("parallel_sampling")} ({r['total_wall_s']:.0f} s). {cfg['model']['name']} on
 {cfg['sim']['tp']}× {cfg['sim']['gpu']}, {cfg['duration_s']:.0f} s traces. The simulator has no model, so beam search runs
-under two branching models side by side (`jpaged/executors/sim.py`): *synthetic* — seeded random
+under two branching models side by side (`jpaged/paper/sim/executor.py`): *synthetic* — seeded random
 log-probabilities, the same flat shape for every beam at every position (the previous results' model);
 *recorded* — the candidates {model} proposed in real beam searches over standard-library text
 ({command("record_beams")}, `beam_traces.npz`), replayed step by step, so a simulated search forks and drops
@@ -117,7 +116,7 @@ averaging); short Alpaca prompts (median ~17 tokens) fill at most one block. The
 replay the second half of a search in a loop. The paper's beams came from OPT-13B on Alpaca prompts; ours from
 a 2.4M-parameter model on code, so the recorded series shows how much the branching model matters, not OPT-13B's
 own branching. Orca serves each group with one contiguous region per sequence, reserved at admission, and
-copies the parent's KV into it at every fork (`jpaged/baselines/contiguous.py`)."""
+copies the parent's KV into it at every fork (`jpaged/paper/baselines/contiguous.py`)."""
 
 
 def _branching_sentence(r: dict) -> str:
@@ -217,7 +216,7 @@ request, its prompt the whole conversation before it plus the new query, cut to 
 output the reply (capped at 1024); rounds arrive as independent Poisson requests (no cache is kept, so only
 their lengths couple them). The measured ShareGPT samples here hold first turns only, so conversations are
 synthesized: Geometric({cfg['mean_rounds']}) rounds of human turns and replies drawn from the calibrated ShareGPT shapes
-(`jpaged.workloads.conversation_lengths`). Alternatives: one request per conversation, at its last round (the
+(`jpaged.paper.workloads.conversation_lengths`). Alternatives: one request per conversation, at its last round (the
 phrase "the last user query" read literally: fewer, longer prompts, more of them at the cut); or a chatbot whose
 rounds wait for the previous reply (closed loop, not Poisson). We serve every round because a chatbot answers
 every query, and the paper's traces are Poisson. Differences and why: the number of rounds is an assumption, so

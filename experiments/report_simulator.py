@@ -30,9 +30,9 @@ def sim_validation(results: dict, figures: Figures) -> str:
     for p in r["opt13b_decode"]:
         opt.append(f"| {p['batch']} | {p['context']} | {1e3 * p['step_s']:.1f} | {1e3 * p['gemm_s']:.1f} | "
                    f"{1e3 * p['elementwise_s']:.1f} | {1e3 * p['attention_s']:.1f} | {1e3 * p['host_s']:.1f} |")
-    return head + f"""Every serving figure below runs on the cost model (`jpaged/sim/cost_model.py`), whose constants are
+    return head + f"""Every serving figure below runs on the cost model (`jpaged/paper/sim/cost_model.py`), whose constants are
 fitted on Vidur's measurements of vLLM on an A100-80GB PCIe (../shared/data/vidur_a100, MIT licence;
-`jpaged/sim/fit_vidur.py`), never on the paper's figures. {command("sim_validation")} compares it with
+`jpaged/paper/sim/fit_vidur.py`), never on the paper's figures. {command("sim_validation")} compares it with
 those measurements at every measured point (`sim_validation.json`). A decode step of Llama-2-7B: 32 layers of
 the measured GEMMs and elementwise kernels, the measured CPU-side work per step and, at TP 2, 64 measured
 all-reduces, against the same parts simulated (attention and the LM head are in neither: Vidur's files do not

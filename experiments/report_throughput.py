@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from experiments.report_sections import ORCAS, PANELS, Figures, against, finished, rate_cell
 from experiments.throughput import sustained_rates
-from jpaged.systems import LABELS
+from jpaged.paper.systems import LABELS
 
 # Fig. 13's bar labels (our reading of the figure): OPT-13B, average batched requests.
 PAPER_FIG13 = {("throughput_opt13b_sharegpt", 2.0): {"orca_max": 7.00, "orca_pow2": 9.81, "orca_oracle": 13.62,
@@ -200,7 +200,7 @@ Agreement, per value: {agree} On Alpaca the advantage over Orca (Oracle) is smal
 
 ### Fig. 13: what "batched requests" counts
 
-Two definitions, both time-weighted over the run's executed steps (`jpaged/metrics.py`,
+Two definitions, both time-weighted over the run's executed steps (`jpaged/paper/metrics.py`,
 `BatchOccupancyAccumulator`): *requests resident in the KV cache* = requests holding KV blocks on the GPU while
 a step runs, computed in it or not (the batch the memory manager sustains); *requests per step* = requests with
 at least one token computed in the step (the batch the GPU sees; under the paper's scheduler a prompt-only step
@@ -225,7 +225,7 @@ and `configs/throughput_opt175b_alpaca_seqs1024.yaml` reruns it at 1024 (its sen
 - FasterTransformer's batch size B, "as large as possible according to the GPU memory capacity" (§6.1): we read
   B as one constant per experiment at which no batch can run out of memory, i.e. B requests of the maximum length
   (prompt + output = 2,048): B = slots // 2,048 = 7 (OPT-13B), 4 (OPT-66B), 29 (OPT-175B);
-  `jpaged/baselines/request_level.py`. Alternatives: B sized per batch from the batch's own longest request
+  `jpaged/paper/baselines/request_level.py`. Alternatives: B sized per batch from the batch's own longest request
   (FasterTransformer allocates its buffers per call, so a batch of short requests could be larger — but then B is
   not a constant and a batch of long requests can exceed memory), or B sized from the mean length (the same
   problem, more often). The paper's wording (a maximum batch size set per experiment) and FasterTransformer's

@@ -107,7 +107,7 @@ def bench_serving(server: ServerProcess, args: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cpu_before, start = server.cpu_seconds(), time.perf_counter()
-        subprocess.run([sys.executable, "-m", "jpaged.cli", "bench-serving", "--base-url", server.base_url,
+        subprocess.run([sys.executable, "-m", "jpaged.entrypoints.cli", "bench-serving", "--base-url", server.base_url,
                         "--output", str(out), *args], cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - start
         report = json.loads(out.read_text())

@@ -17,13 +17,13 @@ import logging
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from jpaged.baselines.static_batching import StaticBatchGenerator
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import bucket
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
-from jpaged.sequence import SamplingParams
-from jpaged.step_plan import bucket
-from jpaged.workloads import sample_lengths
+from jpaged.paper.baselines.static_batching import StaticBatchGenerator
+from jpaged.paper.workloads import sample_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _run_paged(config: ServeRealConfig, prompts, output_lens, kv_slots: int) -> 
 
 def run(config: ServeRealConfig) -> dict:
     """Serves the workload with both systems; returns output tok/s of each and their ratio."""
-    from jpaged.checkpoint import load_params, resolve_dtype
+    from jpaged.models.checkpoint import load_params, resolve_dtype
 
     spec, weights = load_params(config.model)
     prompts, output_lens = make_requests(config, spec.vocab_size)

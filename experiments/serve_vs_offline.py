@@ -28,9 +28,9 @@ from typing import Any
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serve_common import bench_serving, free_port, serving
-from jpaged.bench_serving import make_requests
-from jpaged.llm import LLM
-from jpaged.sequence import SamplingParams
+from jpaged.core.sequence import SamplingParams
+from jpaged.entrypoints.bench_serving import make_requests
+from jpaged.entrypoints.llm import LLM
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class ServeVsOfflineConfig:
     """The model, its engine arguments, and the workload."""
 
     model: str = "assets/stdlib-lm"
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # engine arguments (jpaged.engine_args)
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # engine arguments (jpaged.entrypoints.engine_args)
     dataset: str = "sharegpt"
     num_prompts: int = 200
     length_scale: float = 0.25
@@ -109,7 +109,7 @@ def run(config: ServeVsOfflineConfig) -> dict:
         servers = {}
         for k in config.stream_intervals:
             port = free_port()
-            command = [sys.executable, "-m", "jpaged.cli", "serve", "--model", config.model, "--port", str(port),
+            command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", config.model, "--port", str(port),
                        "--stream-interval", str(k), "--disable-access-log", "--log-level", "warning",
                        *serve_flags(config.engine)]
             servers[f"server_si{k}"] = stack.enter_context(serving(f"jpaged-si{k}", command, port))

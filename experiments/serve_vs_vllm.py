@@ -69,7 +69,7 @@ def commands(config: ServeVsVllmConfig, jpaged_port: int, vllm_port: int) -> dic
     engine = dict(dtype=config.dtype, block_size=config.block_size, num_blocks=config.num_blocks,
                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                   max_model_len=config.max_model_len, policy="chunked")
-    jpaged = [sys.executable, "-m", "jpaged.cli", "serve", "--model", config.model, "--port", str(jpaged_port),
+    jpaged = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", config.model, "--port", str(jpaged_port),
               "--disable-access-log", "--log-level", "warning", *serve_flags(engine)]
     vllm = [config.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
             "--port", str(vllm_port), "--dtype", config.dtype, "--block-size", str(config.block_size),

@@ -21,10 +21,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments.common import point_provenance, write_json
-from jpaged.block_manager import BlockManager
+from jpaged.core.block_manager import BlockManager
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.metrics import summarize_requests
-from jpaged.trace_runner import TraceResult
+from jpaged.paper.metrics import summarize_requests
+from jpaged.paper.trace_runner import TraceResult
 
 logger = logging.getLogger(__name__)
 

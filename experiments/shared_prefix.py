@@ -25,10 +25,10 @@ from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.models.presets import get_preset
-from jpaged.systems import SimConfig, build_engine, check_system
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import MIN_LEN, lengths_trace, poisson_arrivals
+from jpaged.config.presets import get_preset
+from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import MIN_LEN, lengths_trace, poisson_arrivals
 
 logger = logging.getLogger(__name__)
 

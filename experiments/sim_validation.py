@@ -1,7 +1,7 @@
 """The simulator's step times against Vidur's measurements of vLLM on A100 (issue: grounded simulator).
 
-Compares, at the measured points, the cost model (jpaged/sim/cost_model.py, constants fitted by
-jpaged/sim/fit_vidur.py) with ../shared/data/vidur_a100 (Vidur, MIT licence; measured on an
+Compares, at the measured points, the cost model (jpaged/paper/sim/cost_model.py, constants fitted by
+jpaged/paper/sim/fit_vidur.py) with ../shared/data/vidur_a100 (Vidur, MIT licence; measured on an
 A100-80GB PCIe, see fit_vidur):
 - decode step of Llama-2-7B at batch 8-64, TP 1 and 2: 32 layers of the measured GEMM and
   elementwise kernels + the measured host work + (TP 2) 64 measured all-reduces, against the
@@ -25,11 +25,11 @@ import numpy as np
 import yaml
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from jpaged.models.presets import get_preset
-from jpaged.sim import fit_vidur
-from jpaged.sim.cost_model import CostModel
-from jpaged.sim.gpus import get_gpu
-from jpaged.workloads import sample_lengths
+from jpaged.config.presets import get_preset
+from jpaged.paper.sim import fit_vidur
+from jpaged.paper.sim.cost_model import CostModel
+from jpaged.paper.sim.gpus import get_gpu
+from jpaged.paper.workloads import sample_lengths
 
 logger = logging.getLogger(__name__)
 LLAMA_LAYERS = 32

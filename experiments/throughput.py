@@ -2,7 +2,7 @@
 
 For each system and request rate, a Poisson trace (the same trace for every system at a rate)
 runs through that system's engine; the point records the paper's normalized latency, vLLM's
-benchmark metrics and both batch sizes of Fig. 13 (jpaged/metrics.py BatchOccupancyAccumulator:
+benchmark metrics and both batch sizes of Fig. 13 (jpaged/paper/metrics.py BatchOccupancyAccumulator:
 requests resident in the KV cache, and requests per step). The sustained rate of a system is where its
 normalized latency crosses `latency_threshold_factor` times the lowest normalized latency of the
 sweep (the unloaded per-token latency): linear interpolation between the last rate under it and
@@ -28,10 +28,10 @@ from experiments import plots
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
-from jpaged.models.presets import get_preset
-from jpaged.systems import SYSTEMS, SimConfig, build_engine, check_system
-from jpaged.trace_runner import run_trace
-from jpaged.workloads import Dataset, WorkloadConfig, generate_trace
+from jpaged.config.presets import get_preset
+from jpaged.paper.systems import SYSTEMS, SimConfig, build_engine, check_system
+from jpaged.paper.trace_runner import run_trace
+from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ One command, no download: the stdlib's source files (experiments/lm_corpus.py) t
 BPE (experiments/lm_tokenizer.py), then a small LLaMA (RMSNorm, RoPE, SwiGLU, GQA, tied
 embeddings; jpaged's own decoder, experiments/lm_model.py) with optax AdamW on random windows of
 the token stream. The output directory is what `transformers.LlamaForCausalLM.from_pretrained`,
-`jpaged.checkpoint.import_hf` and `jpaged.tokenizer.Tokenizer.from_dir` read: config.json,
+`jpaged.models.checkpoint.import_hf` and `jpaged.text.tokenizer.Tokenizer.from_dir` read: config.json,
 generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a ChatML
 chat template), plus train_summary.json (held-out loss, samples, timing, provenance). The reported
 numbers are measured on the saved files, reloaded through `import_hf`.
@@ -32,9 +32,9 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from experiments import common, lm_corpus, lm_eval, lm_model, lm_tokenizer
-from jpaged.checkpoint import import_hf
 from jpaged.config import load_config
-from jpaged.tokenizer import Tokenizer
+from jpaged.models.checkpoint import import_hf
+from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jpaged.checkpoint import save_params
 from jpaged.config import config_to_dict, load_config
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
+from jpaged.models.checkpoint import save_params
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import greedy_generate, scattered_tables
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from jpaged.models.tiny_task import CopyTask, score
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class TrainTinyConfig:
     """Training of the tiny copy-task model."""
 
-    model: str = "tiny-copy"  # preset (jpaged.models.presets) to train
+    model: str = "tiny-copy"  # preset (jpaged.config.presets) to train
     seed: int = 0  # seeds initialisation, training batches and evaluation examples
     steps: int = 1500  # optimizer steps
     batch_size: int = 16  # sequences per step

@@ -13,15 +13,15 @@ __all__ = ["LLM", "SamplingParams", "AsyncLLMEngine"]
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from jpaged.llm import LLM
+        from jpaged.entrypoints.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from jpaged.sequence import SamplingParams
+        from jpaged.core.sequence import SamplingParams
 
         return SamplingParams
     if name == "AsyncLLMEngine":
-        from jpaged.async_engine import AsyncLLMEngine
+        from jpaged.entrypoints.async_engine import AsyncLLMEngine
 
         return AsyncLLMEngine
     raise AttributeError(f"module 'jpaged' has no attribute {name!r}")

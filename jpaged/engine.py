@@ -1,8 +1,8 @@
 """LLMEngine: requests in, tokens out — a thin loop of schedule -> execute -> update -> outputs.
 
-The scheduler decides the step (jpaged.scheduler), the executor applies its block operations,
+The scheduler decides the step (jpaged.core.scheduler), the executor applies its block operations,
 runs the model and samples (jpaged.executors), and the postprocessor applies the sampled tokens:
-forks, beam steps, stop checks, frees (jpaged.postprocess). Observers watch every step without
+forks, beam steps, stop checks, frees (jpaged.core.postprocess). Observers watch every step without
 wrapping anything (the trace runner measures through them). No jax import: the real executor is
 built lazily.
 """
@@ -16,16 +16,16 @@ from typing import Sequence as Seq
 import numpy as np
 from tqdm.auto import tqdm
 
-from jpaged import request_checks, step_guard
 from jpaged.config import EngineConfig
+from jpaged.config.checks import check_str, show
+from jpaged.core import request_checks, step_guard
+from jpaged.core.outputs import RequestOutput
+from jpaged.core.postprocess import Postprocessor
+from jpaged.core.request_checks import CheckedRequest
+from jpaged.core.scheduler import Scheduler, SchedulerOutput
+from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
+from jpaged.core.step_plan import StepPlan
 from jpaged.executors.base import Executor, ModelOutput
-from jpaged.outputs import RequestOutput
-from jpaged.postprocess import Postprocessor
-from jpaged.request_checks import CheckedRequest
-from jpaged.scheduler import Scheduler, SchedulerOutput
-from jpaged.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from jpaged.step_plan import StepPlan
-from jpaged.validation import check_str, show
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ function and `write_kv` takes one layer's pool `[Hkv, N, Bs, D]`, or the layer-s
   `paged_attention_cpu`, `paged_prefill_attention_cpu`, `available()`.
 - cache_ops: `write_kv`, `copy_blocks`, `gather_blocks`, `scatter_blocks`; in place via donation.
 - contiguous_attention: the non-paged baseline of experiments/kernel_bench.py.
-- backends: the one registry of backend names (`xla`, `cpu_native`, `pallas_triton`, alias `pallas`,
+- backend_names (no jax) and backends: the one registry of backend names (`xla`, `cpu_native`, `pallas_triton`, alias `pallas`,
   `auto`).
 - targets: GPU limits (A100 sm_80, H100 sm_90, ...), the target a trace is for, `abstract_gpu`.
 - launch: launch shapes chosen per call (splits, warps) and knobs checked against the target.

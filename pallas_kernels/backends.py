@@ -12,7 +12,7 @@
 JAX deprecates the Pallas Triton lowering in favour of Mosaic GPU. The seam for that: a backend
 entry names its Pallas lowering and builds that lowering's compiler params (`compiler_params`),
 and every kernel module maps backend names to its implementations (`pick`). Adding Mosaic GPU is
-a name in `BackendName`, an entry in `BACKENDS`, the kernels written for it, and (once proven on
+a name in `backend_names.BackendName`, an entry in `BACKENDS`, the kernels written for it, and (once proven on
 a GPU) moving the `pallas` alias; the model config, the runner and the tests take names from here.
 """
 
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 
-BackendName = Literal["auto", "pallas", "pallas_triton", "xla", "cpu_native"]
-BACKEND_NAMES: tuple[str, ...] = typing.get_args(BackendName)
+from pallas_kernels.backend_names import BACKEND_NAMES
 
 
 @dataclasses.dataclass(frozen=True)

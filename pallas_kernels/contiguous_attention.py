@@ -17,8 +17,17 @@ from jax.experimental import pallas as pl
 from pallas_kernels import launch
 from pallas_kernels.backends import PALLAS_TRITON
 from pallas_kernels.common import (
-    MIN_DOT_DIM, check_knob, check_tile, combine_splits, decode_rows, init_softmax_state, online_softmax_step,
-    split_partials, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM,
+    check_knob,
+    check_tile,
+    combine_splits,
+    decode_rows,
+    init_softmax_state,
+    online_softmax_step,
+    split_partials,
+    xla_softmax_finish,
+    xla_softmax_init,
+    xla_softmax_step,
 )
 from pallas_kernels.targets import current_target
 

@@ -34,8 +34,19 @@ from jax.experimental import pallas as pl
 from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
-    MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, combine_splits, decode_rows,
-    gather_pages, init_softmax_state, online_softmax_step, split_partials, xla_softmax_finish, xla_softmax_init,
+    MIN_DOT_DIM,
+    check_int32,
+    check_knob,
+    check_query_and_pools,
+    check_tile,
+    combine_splits,
+    decode_rows,
+    gather_pages,
+    init_softmax_state,
+    online_softmax_step,
+    split_partials,
+    xla_softmax_finish,
+    xla_softmax_init,
     xla_softmax_step,
 )
 from pallas_kernels.targets import current_target

@@ -34,8 +34,18 @@ from jax.experimental import pallas as pl
 from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
-    MIN_DOT_DIM, check_int32, check_knob, check_query_and_pools, check_tile, gather_pages, init_softmax_state,
-    next_power_of_2, online_softmax_step, xla_softmax_finish, xla_softmax_init, xla_softmax_step,
+    MIN_DOT_DIM,
+    check_int32,
+    check_knob,
+    check_query_and_pools,
+    check_tile,
+    gather_pages,
+    init_softmax_state,
+    next_power_of_2,
+    online_softmax_step,
+    xla_softmax_finish,
+    xla_softmax_init,
+    xla_softmax_step,
 )
 from pallas_kernels.targets import current_target
 

@@ -6,11 +6,12 @@ cache in a directory private to this session (empty at its start, so runs stay i
 later tests load those executables instead of compiling them.
 """
 
+import os
 import tempfile
 
-import jax
-
+# Set through the environment, which jax reads when it is first imported: the pure-Python tests
+# (tests/core) never import jax, and the test subprocesses share the cache.
 _CACHE = tempfile.TemporaryDirectory(prefix="jpaged-test-xla-cache-")
-jax.config.update("jax_compilation_cache_dir", _CACHE.name)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE.name
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"

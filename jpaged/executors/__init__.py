@@ -1,1 +1,2 @@
-"""Executors run a StepPlan: `jax` runs the real model, `sim` advances a virtual clock by a cost model."""
+"""Executors run a StepPlan: `jax` runs the real model and samples on device (sampling); the
+cost-model simulator's executor is `jpaged.paper.sim.executor`."""

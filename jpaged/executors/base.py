@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jpaged.step_plan import StepPlan
+from jpaged.core.step_plan import StepPlan
 
 
 @dataclasses.dataclass

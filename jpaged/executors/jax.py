@@ -2,11 +2,11 @@
 
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host swap space has the same
 layout in host (numpy) memory. After the model step, the plan's sample rows are sampled on device
-(jpaged.sampling): only token ids and log-probabilities come back to the host. Block operations run in the order the scheduler relies on:
+(jpaged.executors.sampling): only token ids and log-probabilities come back to the host. Block operations run in the order the scheduler relies on:
 swap out (frees device blocks), swap in (may reuse them), copy-on-write, then the model writes.
 Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
 
-With `model.tensor_parallel_size > 1` (jpaged.parallel) the weights and the pool are split over a
+With `model.tensor_parallel_size > 1` (jpaged.models.parallel) the weights and the pool are split over a
 device mesh by head; block ids are the same on every device. The host swap space of a process holds
 the KV heads of that process's devices (all heads on a single host): swap moves each device's own
 shard of the blocks, so multi-host runs never gather another host's heads.
@@ -23,16 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jpaged import parallel
 from jpaged.config import EngineConfig
+from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan, bucket
 from jpaged.executors.base import ModelOutput
-from jpaged.checkpoint import load_params, resolve_dtype
-from jpaged.models import decoder
+from jpaged.executors.sampling import sample
+from jpaged.models import decoder, parallel
+from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
-from jpaged.sampling import sample
-from jpaged.step_plan import StepPlan, bucket
 from pallas_kernels import cache_ops
 from pallas_kernels.backends import resolve_backend
 
@@ -71,7 +70,7 @@ class JaxExecutor:
     def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
         """`params` overrides config.model (dummy seeded weights or a local checkpoint).
 
-        Weights are loaded straight into their shards (jpaged.checkpoint.load_params): with
+        Weights are loaded straight into their shards (jpaged.models.checkpoint.load_params): with
         tensor parallelism no device ever holds a whole model. `params` given in memory are
         placed on the mesh here.
         """

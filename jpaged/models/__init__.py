@@ -1,4 +1,4 @@
-"""Flax NNX decoders (OPT, LLaMA families), presets, paged model runner and the tiny copy task.
-
-Import submodules directly (`jpaged.models.presets` needs no jax; the others do).
+"""Flax NNX decoders (OPT, LLaMA families), the paged model runner, checkpoints, tensor parallelism
+and the tiny copy task. Every module here imports jax; the architecture specs they build from are
+configuration (`jpaged.config.presets`).
 """

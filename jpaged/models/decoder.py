@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jpaged.config.presets import OPT_POSITION_OFFSET, ModelSpec
 from jpaged.models import layers
 from jpaged.models.layers import Attend
-from jpaged.models.presets import OPT_POSITION_OFFSET, ModelSpec
 from pallas_kernels import native_dense_cpu
 
 Params = dict[str, Any]  # the pure-dict Flax state of a CausalLM
@@ -198,7 +198,7 @@ def init_params(spec: ModelSpec, seed: int = 0, dtype: Any = jnp.float32, *, sha
     """Random, seeded parameters (vLLM's "dummy" load format, and the start of training).
 
     Built by one jitted function, so with `shardings` (a tree of `NamedSharding`s, see
-    `jpaged.parallel.param_shardings`) every device computes only its own shard: no array is
+    `jpaged.models.parallel.param_shardings`) every device computes only its own shard: no array is
     ever whole on one device. Values do not depend on the sharding (JAX's partitionable threefry).
     """
     def init() -> Params:

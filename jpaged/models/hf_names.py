@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from jpaged.models.presets import ModelSpec, RopeScaling
+from jpaged.config.presets import ModelSpec, RopeScaling
 
 _MISSING = object()
 

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jpaged.models.presets import ModelSpec
+from jpaged.config.presets import ModelSpec
 
 KVPool = tuple[jax.Array, jax.Array]
 

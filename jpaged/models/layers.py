@@ -4,7 +4,7 @@ The block works on arbitrary leading dimensions ([..., H]), so the same code ser
 reference ([B, L, H]) and the paged step ([T, H]). Attention itself is injected (`attend`): the
 block computes q/k/v and hands them over with the layer's cache, so the dense reference, the paged
 step and the static-batching baseline share every other line. Every parameter carries logical axis
-names (`out_sharding` metadata, e.g. ("embed", "q_heads")); `jpaged.parallel` maps them onto the
+names (`out_sharding` metadata, e.g. ("embed", "q_heads")); `jpaged.models.parallel` maps them onto the
 device mesh. Norm statistics and RoPE angles are float32 whatever the parameter dtype.
 """
 
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jpaged.models.presets import ModelSpec
+from jpaged.config.presets import ModelSpec
 from pallas_kernels import native_dense_cpu
 
 # attend(cache, layer_index, q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) -> (out [..., Hq, D], cache)

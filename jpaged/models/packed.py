@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jpaged.models.presets import ModelSpec
+from jpaged.config.presets import ModelSpec
 from pallas_kernels import native_dense_cpu
 
 Params = dict[str, Any]

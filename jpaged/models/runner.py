@@ -22,10 +22,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jpaged import parallel
-from jpaged.models import decoder, layers, packed
+from jpaged.config.presets import ModelSpec
+from jpaged.models import decoder, layers, packed, parallel
 from jpaged.models.kv_pool import KVPool
-from jpaged.models.presets import ModelSpec
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
 from pallas_kernels.common import resolve_backend
 
@@ -75,7 +74,7 @@ class ModelRunner:
         """`params`: the model's state (pure dict or `nnx.State`) or the `CausalLM` itself.
 
         `interpret` runs Pallas kernels in interpret mode (default: off GPU only). With a `mesh`
-        (tensor parallelism, see jpaged.parallel) `params` and pools must already be sharded;
+        (tensor parallelism, see jpaged.models.parallel) `params` and pools must already be sharded;
         attention runs per head shard and logits come back replicated. `per_layer_weights` keeps
         one buffer per layer and weight and unrolls the layers in the step (`decoder.unstack_layers`:
         XLA:CPU copies every weight a scan slices); None: on CPU without a mesh. The runner then

@@ -5,11 +5,11 @@ token in the vocabulary, no more than max_tokens, every block back, the engine s
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from jpaged.sequence import SamplingParams
-
+from jpaged.core.sequence import SamplingParams
 from tests.helpers.tiny_engines import make_engine
 
 VOCAB = 256  # tiny-opt

@@ -15,10 +15,9 @@ import pytest
 from experiments.bench_host import BenchHostConfig
 from experiments.throughput import ThroughputConfig
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_from_dict, load_config
+from jpaged.core.sequence import SamplingParams as SP
 from jpaged.engine import LLMEngine
-from jpaged.sequence import SamplingParams as SP
-from jpaged.workloads import WorkloadConfig
-
+from jpaged.paper.workloads import WorkloadConfig
 from tests.helpers.tiny_engines import dense_greedy, make_engine, run_to_end
 
 GOOD_PROMPT = [5, 6, 7, 8]

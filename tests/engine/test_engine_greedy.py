@@ -2,8 +2,7 @@
 
 import pytest
 
-from jpaged.sequence import SamplingParams
-
+from jpaged.core.sequence import SamplingParams
 from tests.helpers.tiny_engines import dense_greedy, make_engine
 
 MAX_TOKENS = 12

@@ -6,9 +6,9 @@ import functools
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
-from jpaged.sequence import SamplingParams
 
 
 def engine(model="tiny-llama", *, block_size=16, num_blocks=14, num_host_blocks=0, mode="recompute",

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from jpaged.sequence import SamplingParams
-
+from jpaged.core.sequence import SamplingParams
 from tests.helpers.tiny_engines import make_engine
 
 SYSTEM = list(range(200, 240))  # a 40-token shared system prompt: 5 full blocks of 8

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from jpaged.sequence import SamplingParams
-
+from jpaged.core.sequence import SamplingParams
 from tests.helpers.tiny_engines import dense_beam_search, make_engine
 
 

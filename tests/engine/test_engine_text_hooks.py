@@ -5,9 +5,8 @@ depend on the request id, and an observer hook per finished request."""
 import numpy as np
 import pytest
 
+from jpaged.core.sequence import SamplingParams, SequenceStatus
 from jpaged.engine import EngineObserver
-from jpaged.sequence import SamplingParams, SequenceStatus
-
 from tests.helpers.tiny_engines import dense_next_logprobs, make_engine
 
 PROMPT = [7, 99, 3, 42, 11, 250, 18]

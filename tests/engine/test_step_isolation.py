@@ -8,11 +8,10 @@ operations that raise for one request."""
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+from jpaged.config.presets import get_preset
+from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
-from jpaged.executors.sim import SimExecutor
-from jpaged.models.presets import get_preset
-from jpaged.sequence import SamplingParams
-
+from jpaged.paper.sim.executor import SimExecutor
 from tests.helpers.tiny_engines import dense_greedy, make_engine, run_to_end
 
 PROMPT_A, PROMPT_B = [5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6]

@@ -8,7 +8,7 @@ import pytest
 from experiments import chunked_prefill
 from experiments.chunked_prefill import ChunkedPrefillConfig, RealRun, Variant
 from jpaged.config import CacheConfig
-from jpaged.metrics import summarize_token_times
+from jpaged.paper.metrics import summarize_token_times
 
 VARIANTS = [Variant("paper", "paper", 2048), Variant("chunked-256", "chunked", 256)]
 

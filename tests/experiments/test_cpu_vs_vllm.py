@@ -7,8 +7,8 @@ import pytest
 from experiments import cpu_vs_vllm
 from experiments.cpu_peer_vllm import tree_cpu_seconds
 from experiments.cpu_vs_vllm import CpuVsVllmConfig
-from jpaged.checkpoint import import_hf
 from jpaged.models import decoder
+from jpaged.models.checkpoint import import_hf
 
 
 def test_hf_dir_holds_the_dummy_weights(tmp_path):

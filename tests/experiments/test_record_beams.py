@@ -5,10 +5,10 @@ import pytest
 
 from experiments import record_beams
 from jpaged.config import ModelConfig
+from jpaged.config.presets import get_preset
 from jpaged.engine import LLMEngine
-from jpaged.executors.sim import BeamReplay, SimExecutor
-from jpaged.models.presets import get_preset
-from jpaged.systems import make_scheduler
+from jpaged.paper.sim.executor import BeamReplay, SimExecutor
+from jpaged.paper.systems import make_scheduler
 
 
 def test_a_recorded_search_replays_exactly_in_the_simulator(tmp_path):

@@ -8,9 +8,9 @@ import pytest
 
 from experiments import block_size, chatbot, parallel_sampling, preemption, shared_prefix
 from experiments.serving import sharing_counts
-from jpaged.block_manager import BlockManager
 from jpaged.config import ModelConfig
-from jpaged.workloads import conversation_lengths
+from jpaged.core.block_manager import BlockManager
+from jpaged.paper.workloads import conversation_lengths
 
 
 def test_sharing_counts_by_hand():

@@ -10,8 +10,8 @@ import pytest
 
 from experiments import lm_corpus, lm_model, train_lm
 from experiments.train_lm import TrainLMConfig
-from jpaged.checkpoint import import_hf
-from jpaged.tokenizer import Tokenizer
+from jpaged.models.checkpoint import import_hf
+from jpaged.text.tokenizer import Tokenizer
 
 SOURCE = '''class Box:
     def get(self, key, default=None):

@@ -53,10 +53,10 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0) -> Iterator[Server]:
-    """`python -m jpaged.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after."""
+    """`python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
-    command = [sys.executable, "-m", "jpaged.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
+    command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
                "--port", str(port), *SERVE_ARGS, *extra]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     with log_path.open("w") as log:

@@ -9,7 +9,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from jpaged.detokenizer import _gpt2_byte_decoder
+from jpaged.text.detokenizer import _gpt2_byte_decoder
 
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "stdlib-lm"
 

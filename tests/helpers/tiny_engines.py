@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.config.presets import get_preset
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
 from jpaged.models import decoder
-from jpaged.models.presets import get_preset
 
 PAD_LEN = 128
 

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
 from jpaged.models.paged_batch import build_step_arrays, greedy_generate, scattered_tables
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from pallas_kernels import cache_ops, native_cpu
 

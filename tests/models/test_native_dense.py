@@ -8,11 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder, packed
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from pallas_kernels import native_cpu, native_dense_cpu
-
 from tests.models.test_per_layer_weights import BLOCK_SIZE, _prefill_then_decode
 
 pytestmark = pytest.mark.skipif(not (native_cpu.available() and native_dense_cpu.available()),

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.presets import get_preset
-from jpaged.models.runner import ModelRunner
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
+from jpaged.models.runner import ModelRunner
 from pallas_kernels import native_cpu
 
 NUM_BLOCKS = 48

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 
 

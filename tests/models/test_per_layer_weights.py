@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import build_step_arrays, scattered_tables
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 
 BLOCK_SIZE = 8

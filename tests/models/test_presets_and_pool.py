@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset, preset_names
 from jpaged.models import decoder, layers
 from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes, num_blocks_for_budget
-from jpaged.models.presets import get_preset, preset_names
 from jpaged.models.runner import ModelRunner
 
 

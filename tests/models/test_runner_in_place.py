@@ -9,13 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import build_step_arrays
-from jpaged.models.presets import get_preset
 from jpaged.models.runner import ModelRunner
 from pallas_kernels.targets import A100, abstract_gpu
-
 from tests.models.test_paged_equivalence import CPU_BACKENDS
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 1024  # a pool much larger than the activations: a copy would stand out

@@ -14,13 +14,12 @@ import optax
 import pytest
 
 from experiments.lm_eval import greedy
-from jpaged.checkpoint import import_hf, load_params
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
+from jpaged.models.checkpoint import import_hf, load_params
 from jpaged.models.decoder import dense_forward
-from jpaged.sequence import SamplingParams
-from jpaged.tokenizer import Tokenizer
-
+from jpaged.text.tokenizer import Tokenizer
 from tests.helpers.text_assets import ASSET, SNIPPET
 
 

@@ -13,10 +13,9 @@ torch = pytest.importorskip("torch", reason="peer test needs torch (pip install 
 transformers = pytest.importorskip("transformers", reason="peer test needs transformers")
 
 from experiments.lm_eval import greedy  # noqa: E402
-from jpaged.checkpoint import import_hf  # noqa: E402
+from jpaged.models.checkpoint import import_hf  # noqa: E402
 from jpaged.models.decoder import dense_forward  # noqa: E402
-from jpaged.tokenizer import Tokenizer  # noqa: E402
-
+from jpaged.text.tokenizer import Tokenizer  # noqa: E402
 from tests.helpers.text_assets import ASSET, SNIPPET  # noqa: E402
 
 

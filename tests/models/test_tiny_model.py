@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jpaged.checkpoint import restore_params
+from jpaged.models.checkpoint import restore_params
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.runner import ModelRunner

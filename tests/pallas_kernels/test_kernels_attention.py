@@ -11,7 +11,6 @@ import pytest
 
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
-
 from tests.pallas_kernels.kernel_cases import INTERPRET, make_case, rel_err
 
 NUM_KV_HEADS = 3
@@ -108,7 +107,9 @@ def test_prefill_xla_path_matches_reference(block_size, group, head_dim, block_q
 def test_contiguous_kernel_matches_paged_reference():
     """The benchmark's non-paged baseline computes the same attention as the paged path."""
     from pallas_kernels.contiguous_attention import (
-        contiguous_attention, contiguous_attention_reference, contiguous_attention_xla,
+        contiguous_attention,
+        contiguous_attention_reference,
+        contiguous_attention_xla,
     )
 
     q, case = _decode_inputs(16, 4, 64)

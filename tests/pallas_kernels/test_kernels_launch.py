@@ -7,9 +7,9 @@ import math
 import jax
 import pytest
 
-from pallas_kernels import launch
-from pallas_kernels import native_cpu
-from pallas_kernels.backends import BACKEND_NAMES, BACKENDS, resolve_backend
+from pallas_kernels import launch, native_cpu
+from pallas_kernels.backend_names import BACKEND_NAMES
+from pallas_kernels.backends import BACKENDS, resolve_backend
 from pallas_kernels.targets import A100, H100, abstract_gpu, current_target, target_for_capability
 from pallas_kernels.triton_compile import decode_case, lower_triton, prefill_case
 

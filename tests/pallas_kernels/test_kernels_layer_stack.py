@@ -13,7 +13,6 @@ from pallas_kernels import cache_ops
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 from pallas_kernels.targets import A100, abstract_gpu
-
 from tests.pallas_kernels.kernel_cases import INTERPRET, make_case, rel_err
 
 NUM_LAYERS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, GROUP = 3, 2, 8, 64, 2

@@ -10,7 +10,6 @@ import pytest
 from pallas_kernels import native_cpu
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
-
 from tests.pallas_kernels.kernel_cases import INTERPRET, dense_attention, make_case, rel_err
 
 BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, GROUP = 8, 2, 64, 4

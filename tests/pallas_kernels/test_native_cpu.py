@@ -10,7 +10,6 @@ from pallas_kernels import native_cpu
 from pallas_kernels import paged_attention as pa
 from pallas_kernels import paged_prefill as pp
 from pallas_kernels.backends import resolve_backend
-
 from tests.pallas_kernels.kernel_cases import make_case, rel_err
 
 pytestmark = pytest.mark.skipif(not native_cpu.available(),

@@ -1,9 +1,0 @@
-"""Baselines of the paper's §6.1 behind the engine's memory interface: Orca's contiguous buddy
-allocation with its reservation policies (buddy, contiguous) and FasterTransformer's
-request-level batching (request_level)."""
-
-from jpaged.baselines.buddy import BuddyAllocator, reservation
-from jpaged.baselines.contiguous import ContiguousBlockManager
-from jpaged.baselines.request_level import RequestLevelScheduler
-
-__all__ = ["BuddyAllocator", "ContiguousBlockManager", "RequestLevelScheduler", "reservation"]

@@ -1,0 +1,156 @@
+"""Frozen configuration dataclasses, one per concern, and strict YAML loading.
+
+Every field has a one-line comment; `__post_init__` checks every field's type and range
+(`jpaged.config.checks`): TypeError or ValueError naming the field, the value and the range.
+`load_config(path, cls)` (jpaged.config.loading) builds a (nested) dataclass from YAML: unknown keys,
+duplicate keys, wrong types and NaN are errors that name the key and the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal
+
+from jpaged.config.checks import INT32_LIMIT, UINT32_LIMIT, check_bool, check_choice, check_float, check_int, check_str
+from jpaged.config.loading import config_from_dict, config_to_dict, load_config
+from jpaged.config.presets import get_preset, preset_names
+from pallas_kernels.backend_names import BACKEND_NAMES, BackendName
+
+__all__ = ["CacheConfig", "SchedulerConfig", "ModelConfig", "EngineConfig", "load_config", "config_from_dict",
+           "config_to_dict"]
+
+
+# Upper bounds of the sizes: far above any real deployment, low enough that a typo (1e20) is an
+# error naming the field rather than a numpy allocation failure.
+MAX_BLOCK_SIZE = 2**16  # tokens per block
+MAX_BLOCKS = 2**24  # device or host blocks (the free lists are Python lists)
+MAX_NUM_SEQS = 2**16  # block-table rows
+MAX_TOKENS = 2**24  # max_model_len, token budgets (positions are int32)
+MAX_TABLE_ENTRIES = 2**28  # block-table entries: rows x blocks per sequence
+
+
+def _check(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"{field}: {message}")
+
+
+def _normalise(config: Any, prefix: str, checks: dict[str, Callable[[str, Any], Any]]) -> None:
+    """Runs each field's check (`jpaged.config.checks`) and stores the normalised value on the frozen
+    dataclass: the wrong type is a TypeError, a value out of range a ValueError, naming the field."""
+    for name, check in checks.items():
+        object.__setattr__(config, name, check(f"{prefix}.{name}", getattr(config, name)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block geometry and pool sizes (device and host swap space)."""
+
+    block_size: int = 16  # tokens per KV block (paper default 16)
+    num_blocks: int = 984  # device blocks incl. reserved block 0 (OPT-13B/A100-40GB: 15,728 slots / 16 + 1)
+    num_host_blocks: int = 984  # host (CPU) swap blocks; 0 disables swap; paper: <= device blocks
+    watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
+    enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
+
+    def __post_init__(self) -> None:
+        _normalise(self, "cache", {
+            "block_size": lambda f, v: check_int(f, v, 1, MAX_BLOCK_SIZE),
+            "num_blocks": lambda f, v: check_int(f, v, 2, MAX_BLOCKS),
+            "num_host_blocks": lambda f, v: check_int(f, v, 0, MAX_BLOCKS),
+            "watermark": lambda f, v: check_float(f, v, 0.0, 1.0, hi_open=True),
+            "enable_prefix_caching": check_bool,
+        })
+        _check(self.block_size & (self.block_size - 1) == 0, "cache.block_size",
+               f"must be a power of two in [1, {MAX_BLOCK_SIZE}], got {self.block_size}")
+        _check(self.num_blocks * self.block_size < INT32_LIMIT, "cache.num_blocks",
+               f"num_blocks x block_size = {self.num_blocks * self.block_size} slots must be < 2**31 "
+               f"(slot ids are int32), got num_blocks={self.num_blocks}")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Device blocks that can hold tokens (block 0 is the padding target)."""
+        return self.num_blocks - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Iteration-level scheduling: the step's token and sequence budgets, the policy, preemption."""
+
+    max_num_seqs: int = 256  # most sequences in one step's batch (a request counts at its width n)
+    max_num_batched_tokens: int = 2048  # token budget of one step (prompt chunks + decodes)
+    max_model_len: int = 2048  # longest prompt + output a request may reach (OPT: 2048)
+    preemption_mode: Literal["swap", "recompute"] = "recompute"  # recovery when blocks run out
+    # paper: the paper's vLLM (whole prompts; a step that admits runs only prompts); chunked: decodes
+    # first, prompt chunks fill the rest of the token budget (vLLM v1, Sarathi-Serve)
+    policy: Literal["paper", "chunked"] = "chunked"
+    long_prefill_token_threshold: int = 0  # chunked: most prompt tokens one sequence computes per step; 0 = no cap
+
+    def __post_init__(self) -> None:
+        _normalise(self, "scheduler", {
+            "max_num_seqs": lambda f, v: check_int(f, v, 1, MAX_NUM_SEQS),
+            "max_num_batched_tokens": lambda f, v: check_int(f, v, 1, MAX_TOKENS),
+            "max_model_len": lambda f, v: check_int(f, v, 1, MAX_TOKENS),
+            "preemption_mode": lambda f, v: check_choice(f, v, ("swap", "recompute")),
+            "policy": lambda f, v: check_choice(f, v, ("paper", "chunked")),
+            "long_prefill_token_threshold": lambda f, v: check_int(f, v, 0, MAX_TOKENS),
+        })
+        _check(self.max_num_batched_tokens >= self.max_num_seqs, "scheduler.max_num_batched_tokens",
+               f"must be >= scheduler.max_num_seqs ({self.max_num_seqs}) so every running sequence's token "
+               f"fits a step, got {self.max_num_batched_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which model to serve and how to run it."""
+
+    name: str = "tiny-opt"  # preset name (jpaged.config.presets), e.g. opt-13b, llama-7b, tiny-llama
+    # Parameter and KV cache dtype; auto: bfloat16 on GPU/TPU, float32 on CPU (jpaged.models.checkpoint.resolve_dtype).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attention_backend: BackendName = "auto"  # pallas_kernels.backends; auto: Pallas on GPU, XLA on CPU
+    checkpoint: str | None = None  # local orbax checkpoint or Hugging Face dir; None = dummy (seeded) weights
+    seed: int = 0  # seed of dummy weights
+    tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
+    coordinator_address: str | None = None  # multi-host: "host:port" of process 0 (jax.distributed)
+    num_processes: int = 1  # multi-host: processes, one per host; 1 = single host
+    process_id: int = 0  # multi-host: this process's rank in [0, num_processes)
+
+    def __post_init__(self) -> None:
+        _normalise(self, "model", {
+            "name": check_str,
+            "dtype": lambda f, v: check_choice(f, v, ("auto", "float32", "bfloat16", "float16")),
+            "attention_backend": lambda f, v: check_choice(f, v, BACKEND_NAMES),
+            "checkpoint": lambda f, v: check_str(f, v, optional=True),
+            "seed": lambda f, v: check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+            "tensor_parallel_size": lambda f, v: check_int(f, v, 1),
+            "coordinator_address": lambda f, v: check_str(f, v, optional=True),
+            "num_processes": lambda f, v: check_int(f, v, 1),
+            "process_id": lambda f, v: check_int(f, v, 0),
+        })
+        if self.name in preset_names():  # other names are checked once the checkpoint's spec is read
+            try:
+                get_preset(self.name).check_tensor_parallel(self.tensor_parallel_size)
+            except ValueError as exc:
+                raise ValueError(f"model.tensor_parallel_size: {exc}") from None
+        _check(self.process_id < self.num_processes, "model.process_id",
+               f"must be in [0, {self.num_processes}), got {self.process_id}")
+        _check(self.num_processes == 1 or self.coordinator_address is not None, "model.coordinator_address",
+               f"is required when num_processes is {self.num_processes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything an LLMEngine is built from."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    executor: Literal["jax", "sim"] = "jax"  # jax: real model; sim: cost model on a virtual clock
+
+    def __post_init__(self) -> None:
+        for name, cls in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name}: must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        check_choice("executor", self.executor, ("jax", "sim"))
+        entries = self.scheduler.max_num_seqs * -(-self.scheduler.max_model_len // self.cache.block_size)
+        _check(entries <= MAX_TABLE_ENTRIES, "scheduler.max_num_seqs",
+               f"max_num_seqs x ceil(max_model_len / block_size) = {entries} block-table entries, more than "
+               f"{MAX_TABLE_ENTRIES} (1 GiB of int32): lower max_num_seqs or max_model_len, or raise block_size")

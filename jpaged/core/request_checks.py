@@ -1,0 +1,71 @@
+"""The engine's door: every argument of a request checked before anything is queued.
+
+`check_request` returns the request normalised (a list of Python ints, plain strs, max_tokens
+clamped to what max_model_len leaves) or raises TypeError / ValueError naming the field, the value
+and the allowed range. It changes nothing, so `LLMEngine.generate` checks all its requests before
+it queues any. Pure Python + numpy: no jax import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Container, NamedTuple
+
+from jpaged.config import SchedulerConfig
+from jpaged.config.checks import check_float, check_str, check_token_ids, show
+from jpaged.core.kv_manager import KVCacheManager
+from jpaged.core.sequence import SamplingParams
+
+
+class CheckedRequest(NamedTuple):
+    """A request that passed `check_request`, its fields normalised."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams  # max_tokens clamped to what max_model_len leaves
+    arrival_time: float | None
+    cache_salt: str | None
+
+
+def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, arrival_time: Any,
+                  cache_salt: Any, *,
+                  scheduler: SchedulerConfig, kv: KVCacheManager, vocab_size: int | None, in_use: Container[str],
+                  prompt_field: str = "prompt_token_ids", params_field: str = "sampling_params") -> CheckedRequest:
+    """Every argument of `LLMEngine.add_request` checked against its type and the engine's limits
+    (`scheduler`, the pool of `kv`, the model's vocabulary; ids `in_use` are taken). Raises TypeError
+    or ValueError naming the field (`prompt_field` / `params_field` as the caller calls them)."""
+    request_id = check_str("request_id", request_id)
+    if request_id in in_use:
+        raise ValueError(f"request_id: {request_id!r} is already in use")
+    if not isinstance(sampling_params, SamplingParams):
+        raise TypeError(f"{params_field}: must be a SamplingParams, got {type(sampling_params).__name__} "
+                        f"{show(sampling_params)}")
+    prompt = check_token_ids(prompt_field, prompt_token_ids, vocab_size)
+    cache_salt = check_str("cache_salt", cache_salt, optional=True)
+    if arrival_time is not None:
+        arrival_time = check_float("arrival_time", arrival_time)
+    if len(prompt) >= scheduler.max_model_len:
+        raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate "
+                         f"within max_model_len={scheduler.max_model_len}")
+    if scheduler.policy == "paper" and len(prompt) > scheduler.max_num_batched_tokens:
+        raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds "
+                         f"max_num_batched_tokens={scheduler.max_num_batched_tokens} (policy 'paper' prefills "
+                         f"whole prompts; policy 'chunked' splits them)")
+    if kv.blocks_for(len(prompt) + 1) > kv.num_usable_blocks:
+        raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
+                         f"{kv.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
+                         f"(cache.num_blocks - 1)")
+    n = sampling_params.n
+    if n > scheduler.max_num_seqs:
+        raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds scheduler.max_num_seqs="
+                         f"{scheduler.max_num_seqs}: a request's sequences run in one batch")
+    if vocab_size is not None:
+        if sampling_params.use_beam_search and 2 * n > vocab_size:
+            raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds {vocab_size // 2}, the "
+                             f"widest beam search the vocabulary of {vocab_size} allows (each beam ranks "
+                             f"2 x width candidates)")
+        check_token_ids(f"{params_field}.stop_token_ids", sampling_params.stop_token_ids, vocab_size,
+                        allow_empty=True)
+    max_tokens = min(sampling_params.max_tokens, scheduler.max_model_len - len(prompt))
+    params = dataclasses.replace(sampling_params, max_tokens=max_tokens)  # (re-runs the field checks)
+    return CheckedRequest(request_id, prompt, params, arrival_time, cache_salt)

@@ -1,0 +1,231 @@
+"""Requests as the scheduler sees them: SamplingParams, Sequence, SequenceGroup and their statuses.
+
+A request becomes a SequenceGroup: one Sequence at admission, n after parallel sampling forks,
+up to `n` live beams under beam search. Sequences of a group are scheduled and preempted
+together (gang scheduling). The tokens of a sequence whose K/V is in the cache are the slots its
+block-table row holds (the KV manager counts them): a step computes some of the rest (a prompt
+chunk, or the one token sampled last).
+Pure Python: no jax import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import zlib
+from typing import Literal
+
+import numpy as np
+
+from jpaged.config.checks import (
+    FLOAT32_MAX,
+    INT32_LIMIT,
+    UINT32_LIMIT,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_token_ids,
+    show,
+)
+
+OutputKind = Literal["final", "delta", "cumulative"]
+MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for (OpenAI's chat limit)
+# |length_penalty| bound: output_len ** length_penalty stays finite for any max_model_len the
+# config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
+MAX_LENGTH_PENALTY = 10.0
+
+# SamplingParams field -> its check (type and range; returns the value as a plain Python type).
+# The bounds are the device's: top_k is int32, seeds uint32, temperature float32.
+_FIELD_CHECKS = {
+    "n": lambda f, v: check_int(f, v, 1),
+    "use_beam_search": check_bool,
+    "temperature": lambda f, v: check_float(f, v, 0.0, FLOAT32_MAX),
+    "top_k": lambda f, v: check_int(f, v, 0, INT32_LIMIT, hi_open=True),
+    "top_p": lambda f, v: check_float(f, v, 0.0, 1.0, lo_open=True),
+    "max_tokens": lambda f, v: check_int(f, v, 1),
+    "stop_token_ids": lambda f, v: tuple(check_token_ids(f, v, allow_empty=True)),
+    "ignore_eos": check_bool,
+    "seed": lambda f, v: None if v is None else check_int(f, v, 0, UINT32_LIMIT, hi_open=True),
+    "length_penalty": lambda f, v: check_float(f, v, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+    "output_kind": lambda f, v: check_choice(f, v, ("final", "delta", "cumulative")),
+    "logprobs": lambda f, v: None if v is None else check_int(f, v, 0, MAX_LOGPROBS),
+    "stop": lambda f, v: _stop_strings(f, v),
+    "include_stop_str_in_output": check_bool,
+    "skip_special_tokens": check_bool,
+}
+
+
+def _stop_strings(field: str, value) -> tuple[str, ...]:
+    """Stop strings as a tuple of non-empty strs (one str is one stop string, as in the OpenAI API)."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise TypeError(f"{field}: must be a str or a list of strs, got {show(value)}")
+    if not all(value):
+        raise ValueError(f"{field}: stop strings must be non-empty, got {show(value)}")
+    return tuple(value)
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life; `label` is the finish reason reported to users."""
+
+    WAITING = ("waiting", False)  # queued for (re)prefill: new, or preempted by recompute
+    RUNNING = ("running", False)  # holds device blocks and is scheduled each step
+    SWAPPED = ("swapped", False)  # preempted by swap: its blocks live in host memory
+    FINISHED_STOPPED = ("stop", True)  # emitted a stop token
+    FINISHED_LENGTH = ("length", True)  # reached max_tokens or max_model_len
+    FINISHED_ABORTED = ("abort", True)  # aborted by the user, rejected, or dropped (beam search)
+
+    def __init__(self, label: str, finished: bool):
+        self.label = label
+        # A plain attribute, not a property: it is read for every sequence of every step.
+        self.is_finished = finished
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to pick output tokens. Every field is checked at construction (`_FIELD_CHECKS`): a wrong
+    type raises TypeError, a value out of range ValueError, naming the field, the value and the range."""
+
+    n: int = 1  # independent samples of the request (parallel sampling); beam width under beam search
+    use_beam_search: bool = False  # keep the n most likely sequences (needs temperature 0)
+    temperature: float = 0.0  # 0 = greedy; > 0 scales logits before sampling
+    top_k: int = 0  # keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # keep the smallest set of tokens with total probability >= top_p, in (0, 1]
+    max_tokens: int = 16  # most tokens to generate
+    stop_token_ids: tuple[int, ...] = ()  # generation stops after any of these (ignore_eos or not)
+    ignore_eos: bool = False  # keep generating through the model's EOS ids (benchmarks: length = max_tokens)
+    # An int fixes every draw with the sample's index and position: the same seed and prompt give the
+    # same samples in any request. None: the engine's seed 0 with the request id (requests differ).
+    seed: int | None = None
+    length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** length_penalty
+    output_kind: OutputKind = "final"  # step() reports the request: at the end, or every step (delta / cumulative)
+    logprobs: int | None = None  # per output token, the log-probabilities of the sampled and top `logprobs` tokens
+    # Text-level options, applied by the front end (jpaged.text.output_processor), not the token-level core:
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (finish reason "stop")
+    include_stop_str_in_output: bool = False  # keep the stop string at the end of the text
+    skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text
+
+    def __post_init__(self) -> None:
+        # A bad value must fail here, at the door, never inside a step that batches other requests.
+        for name, check in _FIELD_CHECKS.items():
+            object.__setattr__(self, name, check(f"SamplingParams.{name}", getattr(self, name)))
+        if self.use_beam_search and self.temperature != 0:
+            raise ValueError(f"SamplingParams.use_beam_search needs temperature 0 (beam search is deterministic), "
+                             f"got temperature={self.temperature}")
+        if self.use_beam_search and (self.top_k != 0 or self.top_p != 1.0):
+            raise ValueError("SamplingParams.use_beam_search does not combine with top_k / top_p sampling, "
+                             f"got top_k={self.top_k}, top_p={self.top_p}")
+        if self.logprobs is not None and self.use_beam_search:
+            raise ValueError("SamplingParams.logprobs is not supported with use_beam_search")
+        if self.stop and self.use_beam_search:
+            raise ValueError("SamplingParams.stop strings are not supported with use_beam_search")
+
+
+class Sequence:
+    """One token stream: prompt plus generated tokens, with its running log-probability."""
+
+    __slots__ = ("seq_id", "index", "prompt_len", "prompt_array", "token_ids", "cumulative_logprob",
+                 "status", "block_keys", "group", "num_reported", "logprobs")
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
+        self.seq_id = seq_id
+        self.index = index  # which sample of its request (seeds its random stream; output order)
+        self.prompt_len = len(prompt_token_ids)
+        # i32[prompt_len] the prompt as an array, made once on arrival (as vLLM v1's input batch
+        # keeps token ids in numpy): a prefill's token-id rows are slices of it, not list copies.
+        self.prompt_array = np.array(prompt_token_ids, dtype=np.int32)
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt then outputs (one list object for life)
+        self.cumulative_logprob = 0.0
+        self.status = SequenceStatus.WAITING
+        # Prefix-cache keys of the full blocks so far (extended lazily; tokens only ever append).
+        self.block_keys: list[tuple[int, ...]] = []
+        self.group: SequenceGroup | None = None  # the request it belongs to (set by SequenceGroup)
+        self.num_reported = 0  # output tokens already streamed (output_kind "delta")
+        # SamplingParams.logprobs: per output token {token id: logprob}, the top ones then the sampled one.
+        self.logprobs: list[dict[int, float]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens."""
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        """How many tokens were generated."""
+        return len(self.token_ids) - self.prompt_len
+
+    def fork(self, seq_id: int, index: int) -> Sequence:
+        """A copy under a new id sharing this sequence's history (its blocks are shared by the block manager)."""
+        child = Sequence(seq_id, [], index)
+        child.prompt_len, child.prompt_array = self.prompt_len, self.prompt_array
+        child.token_ids = list(self.token_ids)
+        child.cumulative_logprob = self.cumulative_logprob
+        child.status = self.status
+        child.block_keys = list(self.block_keys)
+        child.group = self.group
+        child.logprobs = None if self.logprobs is None else list(self.logprobs)
+        return child
+
+
+def request_stream(request_id: str) -> int:
+    """A stable 31-bit base of the random streams of request `request_id` (one stream per sample index)."""
+    return (zlib.crc32(request_id.encode("utf-8", "surrogatepass")) * 1_000_003) & 0x7FFFFFFF
+
+
+@dataclasses.dataclass(eq=False)  # identity semantics: queues find and remove this very request
+class SequenceGroup:
+    """All sequences of one request, scheduled and preempted together."""
+
+    request_id: str
+    seqs: list[Sequence]  # live and finished sequences of the request
+    sampling_params: SamplingParams
+    arrival_time: float
+    arrival_order: int  # FCFS rank: preemption picks the largest first
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    cache_salt: str | None = None  # prefix-cache namespace: groups with different salts never share blocks
+    finished_beams: list[Sequence] = dataclasses.field(default_factory=list)  # beam search: completed hypotheses
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids: stops unless ignore_eos
+
+    def __post_init__(self) -> None:
+        for seq in self.seqs:
+            seq.group = self
+        params = self.sampling_params
+        # Stop checks run for every sequence every step: precompute what they read.
+        # ignore_eos skips only the model's EOS ids: explicit stop_token_ids always stop.
+        self.stop_set = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else self.eos_token_ids)
+        self.max_total_len = self.seqs[0].prompt_len + params.max_tokens
+        self.width = params.n  # most sequences the group ever holds at once (samples or beams)
+        self.is_single = params.n == 1 and not params.use_beam_search  # one sequence for its whole life
+        # Random draws: (seed, stream base + sample index, position). An explicit seed alone fixes them.
+        self.seed = 0 if params.seed is None else params.seed
+        self.stream_base = request_stream(self.request_id) if params.seed is None else 0
+        self.num_forks = 0  # sequences forked so far (sample index of the next fork - 1)
+        self.error: str | None = None  # why the engine ended the request, if it did
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens in the request's prompt."""
+        return self.seqs[0].prompt_len
+
+    def live_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        """Unfinished sequences, optionally only those with `status`."""
+        if status is None:
+            return [s for s in self.seqs if not s.status.is_finished]
+        return [s for s in self.seqs if s.status is status]
+
+    @property
+    def is_finished(self) -> bool:
+        """True when every sequence reached a terminal status."""
+        return all(s.status.is_finished for s in self.seqs)
+
+    @property
+    def is_fresh(self) -> bool:
+        """True before its prompt was ever sampled: one sequence, no output, no fork yet."""
+        return len(self.seqs) == 1 and self.seqs[0].num_output_tokens == 0 and not self.finished_beams

@@ -1,0 +1,75 @@
+"""The `jpaged` command: `jpaged serve` (the OpenAI-compatible server) and `jpaged bench-serving`.
+
+Flags are declared here without importing the server, so `jpaged --help` works without the
+`serve` extra; each subcommand imports what it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over the OpenAI API (FastAPI + uvicorn)",
+                       description="Serve a model with an OpenAI-compatible HTTP API: /v1/completions, "
+                                   "/v1/chat/completions, /v1/models, /health, /metrics.")
+    p.add_argument("--model", required=True, help="a preset name or a local Hugging Face directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--config", help="engine YAML (model / cache / scheduler sections, as EngineConfig)")
+    p.add_argument("--served-model-name", help="the model id clients use (default: --model as given)")
+    p.add_argument("--tokenizer", help="a local HF directory to take the tokenizer from (default: the model's)")
+    engine = p.add_argument_group("engine arguments (override --config)")
+    engine.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--max-model-len", type=int)
+    engine.add_argument("--block-size", type=int)
+    engine.add_argument("--num-blocks", type=int, help="device KV blocks (block 0 is reserved)")
+    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks")
+    engine.add_argument("--max-num-seqs", type=int)
+    engine.add_argument("--max-num-batched-tokens", type=int)
+    engine.add_argument("--enable-prefix-caching", action="store_true", default=None)
+    engine.add_argument("--policy", choices=["paper", "chunked"])
+    engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
+    engine.add_argument("--attention-backend")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
+    p.add_argument("--no-warmup", action="store_true", help="skip compiling the smallest steps before serving")
+    p.add_argument("--disable-access-log", action="store_true")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench-serving", help="replay a Poisson trace against an OpenAI-compatible server",
+                       description="Replay a ShareGPT- or Alpaca-shaped Poisson trace against a server's "
+                                   "/v1/completions (streamed) and print vLLM benchmark_serving's metrics.")
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000")
+    p.add_argument("--dataset", choices=["sharegpt", "alpaca"], default="sharegpt")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--length-scale", type=float, default=1.0, help="multiply the trace's lengths by this")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="model id to send (default: the server's first /v1/models entry)")
+    p.add_argument("--tokenizer", help="local HF dir giving the vocabulary (default: the model id as a path)")
+    p.add_argument("--max-model-len", type=int, help="default: the server's /v1/models max_model_len")
+    p.add_argument("--output", default="bench_serving.json", help="result JSON ('' to skip)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `jpaged` console script."""
+    parser = argparse.ArgumentParser(prog="jpaged", description="jpaged: PagedAttention in JAX, served.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench-serving}")
+    _serve_parser(sub)
+    _bench_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from jpaged.entrypoints.serve.server import run
+    else:
+        if args.num_prompts < 1 or not args.request_rate > 0 or not args.length_scale > 0:
+            parser.error("--num-prompts must be >= 1, --request-rate and --length-scale > 0")
+        from jpaged.entrypoints.bench_serving import run
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Every committed config loads under the strict loader (duplicate keys, YAML 1.2 floats, NaN and
+range checks included) into its experiment's config dataclass. The bad cases are rows of
+tests/engine/test_engine_bad_input.py."""
+
+import dataclasses
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from jpaged.config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+# Config files named after a variant of an experiment: configs/<experiment>_<variant>.yaml.
+MODULE_OF = {"kernel_bench_block_sizes": "kernel_bench", "kernel_bench_gpu_check": "kernel_bench",
+             "cpu_vs_vllm_bf16": "cpu_vs_vllm", "cpu_vs_vllm_bf16_pressure": "cpu_vs_vllm",
+             "profile_forward_bf16": "profile_forward"}
+
+
+def config_class(stem):
+    name = MODULE_OF.get(stem, "throughput" if stem.startswith("throughput") else stem)
+    module = importlib.import_module(f"experiments.{name}")
+    (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass)
+              if c.__module__ == module.__name__ and c.__name__.endswith("Config") and dataclasses.is_dataclass(c)]
+    return cls
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_committed_config_loads(path):
+    config = load_config(path, config_class(path.stem))
+    assert dataclasses.is_dataclass(config)

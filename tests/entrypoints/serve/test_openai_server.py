@@ -1,0 +1,252 @@
+"""A real `jpaged serve` (subprocess, 127.0.0.1, free port) driven by the official openai client.
+
+Answers are checked against the offline `jpaged.LLM` on the same model: greedy texts must be equal,
+seeded samples too (draws depend on the seed, the sample index and the position only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+
+import pytest
+
+# The server stack and its clients come with the test extra (`pip install -e ".[test]"`); in an
+# environment without them these tests skip with the reason instead of failing collection.
+for _module in ("fastapi", "uvicorn", "prometheus_client", "httpx", "openai"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e \".[test]\"")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from jpaged import LLM, SamplingParams  # noqa: E402
+from tests.helpers.server import MODEL, metric, metrics, running_server  # noqa: E402
+from tests.helpers.text_assets import ASSET  # noqa: E402
+
+PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "    def __init__(self):"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def offline():
+    return LLM(str(ASSET), num_blocks=256, block_size=16, max_num_seqs=32, attention_backend="xla")
+
+
+def greedy(llm: LLM, prompt: str, max_tokens: int, **kw) -> str:
+    return llm.generate(prompt, SamplingParams(max_tokens=max_tokens, **kw), use_tqdm=False)[0].outputs[0].text
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    names = metrics(server.base_url)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_swapped",
+                 "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_hit_rate", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert any(k.startswith(name) for k in names), name
+
+
+def test_completion_streamed_equals_whole_equals_offline(client, offline):
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert whole.choices[0].text == streamed == greedy(offline, PROMPTS[0], 24)
+    assert whole.choices[0].finish_reason == [c for c in chunks if c.choices][-1].choices[0].finish_reason
+    assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens
+    assert whole.usage.prompt_tokens == len(offline.get_tokenizer().encode(PROMPTS[0]))
+
+
+def test_chat_streamed_equals_whole_equals_offline(client, offline):
+    messages = [{"role": "user", "content": "Return the absolute value of x."}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    expected = offline.chat(messages, SamplingParams(max_tokens=20), use_tqdm=False)[0].outputs[0].text
+    assert whole.choices[0].message.content == streamed == expected
+    assert whole.choices[0].message.role == "assistant"
+
+
+def test_n2_seeded_samples_equal_offline(client, offline):
+    params = dict(temperature=0.9, top_p=0.95, max_tokens=16)
+    response = client.completions.create(model=MODEL, prompt=PROMPTS[2], n=2, seed=1234, **params)
+    texts = [c.text for c in sorted(response.choices, key=lambda c: c.index)]
+    assert [c.index for c in sorted(response.choices, key=lambda c: c.index)] == [0, 1]
+    expected = offline.generate(PROMPTS[2], SamplingParams(n=2, seed=1234, **params), use_tqdm=False)[0]
+    assert texts == [c.text for c in expected.outputs]
+    assert texts[0] != texts[1]  # two samples, not one twice
+    again = client.completions.create(model=MODEL, prompt=PROMPTS[2], n=2, seed=1234, **params)
+    assert [c.text for c in sorted(again.choices, key=lambda c: c.index)] == texts
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(client, offline):
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=60, temperature=0, stop=["\n\n", "return"])
+    whole = client.completions.create(**kw).choices[0]
+    chunks = [c for c in client.completions.create(**kw, stream=True) if c.choices]
+    expected = offline.generate(PROMPTS[0], SamplingParams(max_tokens=60, stop=("\n\n", "return")),
+                                use_tqdm=False)[0].outputs[0]
+    assert whole.finish_reason == "stop" and whole.stop_reason in ("\n\n", "return")
+    assert whole.text == "".join(c.choices[0].text for c in chunks) == expected.text
+    assert "\n\n" not in whole.text and "return" not in whole.text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs_completions_and_chat(client):
+    response = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=5, temperature=0, logprobs=2)
+    lp = response.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert "".join(lp.tokens) == response.choices[0].text
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0 and len(top) == 2 and max(top.values()) == pytest.approx(logprob)  # greedy: the best
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Sort a list."}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 3 for t in content)
+    assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in content)
+
+
+def test_16_concurrent_clients_all_answered_correctly(server, offline):
+    prompts = [f"def function_{i}(x):" for i in range(16)]
+    expected = [o.outputs[0].text for o in offline.generate(prompts, SamplingParams(max_tokens=20), use_tqdm=False)]
+    aclient = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+    async def ask(i: int) -> str:
+        if i % 2:
+            stream = await aclient.completions.create(model=MODEL, prompt=prompts[i], max_tokens=20, temperature=0,
+                                                      stream=True)
+            return "".join([c.choices[0].text async for c in stream if c.choices])
+        response = await aclient.completions.create(model=MODEL, prompt=prompts[i], max_tokens=20, temperature=0)
+        return response.choices[0].text
+
+    async def everyone() -> list[str]:
+        async with aclient:
+            return await asyncio.gather(*(ask(i) for i in range(16)))
+
+    assert asyncio.run(everyone()) == expected
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(server, client):
+    before = metrics(server.base_url)
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=480, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    assert metric(metrics(server.base_url), "vllm:gpu_cache_usage_perc") > 0  # it holds blocks now
+    stream.close()  # the client goes away mid-stream
+
+    def aborted() -> bool:
+        now = metrics(server.base_url)
+        return (metric(now, "vllm:request_success_total", finished_reason="abort")
+                == metric(before, "vllm:request_success_total", finished_reason="abort") + 1
+                and metric(now, "vllm:num_requests_running") == 0
+                and metric(now, "vllm:gpu_cache_usage_perc") == 0)
+
+    assert _wait_for(aborted), metrics(server.base_url)
+    after = metrics(server.base_url)
+    assert metric(after, "vllm:request_success_total", finished_reason="length") == \
+        metric(before, "vllm:request_success_total", finished_reason="length")
+
+
+BAD_REQUESTS = [  # (route, body, param the error must name)
+    ("completions", {"prompt": "x", "temperature": -1}, "temperature"),
+    ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
+    ("completions", {"prompt": "x", "n": 0}, "n"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": 10_000}, "max_tokens"),
+    ("completions", {"prompt": "x", "logprobs": 99}, "logprobs"),
+    ("completions", {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("completions", {"prompt": "x", "no_such_field": 1}, "no_such_field"),
+    ("completions", {"prompt": [1, 2, 99_999]}, "prompt"),
+    ("completions", {"prompt": "word " * 600}, "prompt"),
+    ("completions", {"prompt": ""}, "prompt"),
+    ("completions", {"max_tokens": 5}, "prompt"),
+    ("completions", {"prompt": "x", "n": 64}, "n"),
+    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("chat/completions", {"messages": [{"role": "tool", "content": "hi"}]}, "messages"),
+    ("chat/completions", {"messages": []}, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+]
+
+
+def test_bad_requests_get_400_naming_the_field_while_others_are_served(server, offline):
+    good = {}
+
+    def long_stream():
+        body = {"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 64, "temperature": 0, "stream": True}
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=120) as response:
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        good["events"] = events
+
+    runner = threading.Thread(target=long_stream)
+    runner.start()
+    url = server.base_url + "/v1/"
+    for route, body, param in BAD_REQUESTS:
+        response = httpx.post(url + route, json={"model": MODEL, **body}, timeout=60)
+        assert response.status_code == 400, (body, response.text)
+        error = response.json()["error"]
+        assert error["param"] == param and param in error["message"], (body, error)
+        assert error["type"] == "invalid_request_error"
+    broken = httpx.post(url + "completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and "JSON" in broken.json()["error"]["message"]
+    wrong_model = httpx.post(url + "completions", json={"model": "gpt-4", "prompt": "x"})
+    assert wrong_model.status_code == 404 and wrong_model.json()["error"]["param"] == "model"
+    with pytest.raises(openai.BadRequestError):
+        openai.OpenAI(base_url=url, api_key="unused", max_retries=0).completions.create(
+            model=MODEL, prompt="x", temperature=5)
+    runner.join(120)
+    assert good["events"][-1] == "[DONE]"
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in good["events"][:-1])
+    assert text == greedy(offline, PROMPTS[3], 64)
+    assert httpx.get(server.base_url + "/health").status_code == 200
+
+
+def test_clean_shutdown_finishes_open_streams(tmp_path):
+    with running_server(tmp_path, "--no-warmup") as s:
+        events = []
+
+        def stream():
+            body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "stream": True,
+                    "ignore_eos": True}
+            with httpx.stream("POST", s.base_url + "/v1/completions", json=body, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+
+        runner = threading.Thread(target=stream)
+        runner.start()
+        assert _wait_for(lambda: len(events) >= 2, 120)
+        assert s.stop(signal.SIGTERM) == 0  # graceful: the open stream is served to its end first
+        runner.join(60)
+        assert events[-1] == "[DONE]"
+        tokens = sum(len(json.loads(e)["choices"][0]["text"]) > 0 for e in events[:-1])
+        assert tokens >= 1 and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert "Application shutdown complete" in s.log()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(s.base_url + "/health", timeout=5)

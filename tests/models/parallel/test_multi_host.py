@@ -1,0 +1,37 @@
+"""Two processes on localhost, 2 virtual CPU devices each, serve with tensor_parallel_size 4 over
+the 4 devices of both (jax.distributed wired from the config, gloo collectives on CPU): both
+produce the single-device greedy outputs, through a swap preemption."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.models.parallel.multihost_worker import config, serve
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_serve_like_one_device():
+    expected = serve(config(1))
+    assert expected["preemptions"] > 0
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.models.parallel.multihost_worker", str(i), str(port)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    results = [w.communicate(timeout=300) for w in workers]
+    for worker, (out, err) in zip(workers, results):
+        assert worker.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == expected
