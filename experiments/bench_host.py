@@ -22,9 +22,8 @@ from tqdm.auto import tqdm
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jpaged.core.sequence import SamplingParams
-from jpaged.core.step_plan import StepPlan
+from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.base import ModelOutput
 from jpaged.paper.sim.executor import SIMULATED_TOKEN, synthetic_candidates
 
 logger = logging.getLogger(__name__)

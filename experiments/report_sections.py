@@ -136,7 +136,7 @@ the warm-up while the pool first fills (its length is the last column).
 
 Agreement, per value: Orca token states, whole run: {against(orca, 20.4, 38.2)}; steady state:
 {against(orca_steady, 20.4, 38.2)} (paper 20.4–38.2%). vLLM's waste (reserved + internal): """ + "; ".join(
-        f"{w} {x:.1f}%" for w, x in waste.items()) + f""" (paper < 4%). Definitions (`jpaged/paper/kv_usage.py`): a sequence writes K/V for
+        f"{w} {x:.1f}%" for w, x in waste.items()) + """ (paper < 4%). Definitions (`jpaged/paper/kv_usage.py`): a sequence writes K/V for
 its first final_len − 1 positions; *reserved* = allocated slots it will still write, *internal* = allocated
 slots nobody will write (Orca's over-reservation and the buddy's rounding; vLLM's slots of a sequence's final
 block past its end), *external* = free slots in buddy blocks smaller than the region the head of the waiting

@@ -18,8 +18,8 @@ import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.padding import bucket
 from jpaged.core.sequence import SamplingParams
-from jpaged.core.step_plan import bucket
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
 from jpaged.paper.baselines.static_batching import StaticBatchGenerator

@@ -24,8 +24,8 @@ from jpaged.core.postprocess import Postprocessor
 from jpaged.core.request_checks import CheckedRequest
 from jpaged.core.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
-from jpaged.core.step_plan import StepPlan
-from jpaged.executors.base import Executor, ModelOutput
+from jpaged.core.step_plan import ModelOutput, StepPlan
+from jpaged.executors.base import Executor
 
 logger = logging.getLogger(__name__)
 

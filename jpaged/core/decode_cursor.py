@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jpaged.core.step_plan import bucket
+from jpaged.core.padding import bucket, table_width
 
 if TYPE_CHECKING:
-    from jpaged.core.block_manager import BlockManager
     from jpaged.core.kv_manager import KVCacheManager
 
 
@@ -38,10 +37,6 @@ def _increment(n: int, size: int) -> np.ndarray:
     inc.flags.writeable = False
     return inc
 
-
-def _table_width(kv: KVCacheManager, num_blocks: int) -> int:
-    """Block-table columns of a step whose longest row uses `num_blocks` blocks (bucketed)."""
-    return min(bucket(num_blocks), kv.max_blocks_per_seq)
 
 
 class AppendCursor:
@@ -86,7 +81,7 @@ class AppendCursor:
         state[1, :n] = appended[0]
         longest = int(state[2, :n].max()) if n else 1
         tables = kv.block_tables.take(padded_rows, axis=0)
-        width = _table_width(kv, -(-longest // kv.block_size))
+        width = table_width(-(-longest // kv.block_size), kv.max_blocks_per_seq)
         return state, (tables if width == tables.shape[1] else np.ascontiguousarray(tables[:, :width]))
 
 
@@ -102,7 +97,7 @@ class PagedDecodeCursor:
     __slots__ = ("kv", "_row_list", "_rows", "_state", "_increment", "_tables", "_tables_out", "_blocks_in_use",
                  "_due", "_t")
 
-    def __init__(self, kv: BlockManager, rows: list[int]):
+    def __init__(self, kv: KVCacheManager, rows: list[int]):
         bs, n = kv.block_size, len(rows)
         self.kv = kv
         self._row_list = list(rows)  # [n] the rows, in batch order (a crossing row's index: .index)
@@ -119,8 +114,8 @@ class PagedDecodeCursor:
         logical = positions // bs
         state[1, :n] = kv.block_tables[self._rows[:n], logical] * bs + positions % bs
         self._blocks_in_use = int(logical.max()) + 1 if n else 1  # the longest row's blocks after its next token
-        self._tables = np.ascontiguousarray(
-            kv.block_tables.take(self._rows, axis=0)[:, : _table_width(kv, self._blocks_in_use)])  # i32[S, M]
+        width = table_width(self._blocks_in_use, kv.max_blocks_per_seq)
+        self._tables = np.ascontiguousarray(kv.block_tables.take(self._rows, axis=0)[:, :width])  # i32[S, M]
         self._tables_out = False
         # A row whose next position is p at step t starts a block at every step t' with
         # t' = t - p (mod bs): `_due[k]` holds the rows whose turn comes at the steps t' = k (mod bs).
@@ -147,8 +142,8 @@ class PagedDecodeCursor:
         width = self._tables.shape[1]
         if logical + 1 > self._blocks_in_use:  # the longest row now: the tables may widen
             self._blocks_in_use = logical + 1
-            if _table_width(kv, logical + 1) > width:
-                self._regather(_table_width(kv, logical + 1))
+            if table_width(logical + 1, kv.max_blocks_per_seq) > width:
+                self._regather(table_width(logical + 1, kv.max_blocks_per_seq))
                 return
         self._writable_tables()[n] = kv.block_tables[row, :width]
 
@@ -172,7 +167,7 @@ class PagedDecodeCursor:
         if p // bs + 1 >= self._blocks_in_use:  # it may have been the longest: the width is the rest's
             # (Their next tokens' blocks: as the next step will see them, crossings included.)
             self._blocks_in_use = int(state[0, :last].max()) // bs + 1 if last else 1
-            width = _table_width(kv, self._blocks_in_use)
+            width = table_width(self._blocks_in_use, kv.max_blocks_per_seq)
             if width < tables.shape[1]:
                 self._tables = np.ascontiguousarray(tables[:, :width])
             elif width > tables.shape[1]:
@@ -217,7 +212,7 @@ class PagedDecodeCursor:
         widest = max(logical) + 1
         if widest > self._blocks_in_use:
             self._blocks_in_use = widest
-            width = _table_width(kv, widest)
+            width = table_width(widest, kv.max_blocks_per_seq)
             if width > self._tables.shape[1]:  # a row grew past the bucketed width: gather anew
                 self._regather(width)
                 return

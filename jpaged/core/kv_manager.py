@@ -11,12 +11,9 @@ at admission, so appending never fails. Pure Python + numpy: no jax import.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Hashable, Protocol
+from typing import Hashable, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from jpaged.core.decode_cursor import AppendCursor as DecodeCursor
 
 
 class AllocStatus(enum.Enum):
@@ -25,6 +22,24 @@ class AllocStatus(enum.Enum):
     OK = "ok"  # enough free blocks now (keeping the headroom)
     LATER = "later"  # fits in the pool, not now
     NEVER = "never"  # needs more blocks than the whole pool (or the table width): reject
+
+
+class DecodeCursor(Protocol):
+    """The running batch's decode steps over a fixed set of rows, kept from step to step (see
+    jpaged.core.decode_cursor): each step gives every row one more slot."""
+
+    def add(self, row: int) -> None:
+        """Appends a row (its next token gets a slot from the next step on)."""
+
+    def remove(self, i: int) -> None:
+        """Removes the row at batch index i; the last row takes its place."""
+
+    def blocks_needed(self) -> int:
+        """Blocks the next `step` takes."""
+
+    def step(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(i32[3, S] positions / slots / context lengths, i32[S, M] block tables) of one more token
+        per row, padding rows zero; None (nothing changed) when blocks run out."""
 
 
 class KVCacheManager(Protocol):
@@ -99,6 +114,10 @@ class KVCacheManager(Protocol):
 
     def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """`append_slots` for one row and `count` tokens (a prompt chunk)."""
+
+    def open_next_blocks(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """Fresh blocks for rows whose next token starts a block (the cursor checked the free
+        blocks): (the blocks, the logical index each takes in its row's table)."""
 
     def decode_cursor(self, rows: list[int]) -> DecodeCursor:
         """A cursor over `rows` (no forked siblings): each `step()` gives every row one more slot

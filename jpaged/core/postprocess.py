@@ -18,7 +18,7 @@ from jpaged.core.outputs import CompletionOutput, RequestOutput
 from jpaged.core.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_guard import describe
-from jpaged.executors.base import ModelOutput
+from jpaged.core.step_plan import ModelOutput
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Postprocessor:
                 # appended as they come, and only the rows known to reach their length limit end.
                 for ids, token in zip(rows.token_lists, batch_tokens):
                     ids.append(token)
-                rows.decode_batch.sampled(batch_tokens)  # the next step's input ids
+                out.batch.sampled(batch_tokens)  # the next step's input ids
                 if logprobs is not None:
                     for seq, logprob in zip(rows.seqs, logprobs[:num_batch]):
                         seq.cumulative_logprob += logprob

@@ -33,8 +33,9 @@ from jpaged.config import CacheConfig, SchedulerConfig
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_batch import DecodeBatch
 from jpaged.core.kv_manager import AllocStatus, KVCacheManager
+from jpaged.core.plan_builder import PlanBuilder, batch_plan
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from jpaged.core.step_plan import PlanBuilder, StepPlan, batch_plan
+from jpaged.core.step_plan import StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class SchedulerOutput:
     rejected: list[tuple[SequenceGroup, str]]  # groups that can never run, with the reason
     num_preempted: int  # groups preempted in this step
     kv_full: bool  # blocks ran out: a preemption, or a waiting group held back for lack of blocks
+    # The running batch when its decodes lead the plan's sample rows (`SampleRows.num_batch_rows`):
+    # the postprocessor records their sampled tokens in it as the next step's input ids.
+    batch: DecodeBatch | None = None
 
 
 class Scheduler:
@@ -198,7 +202,7 @@ class Scheduler:
             if self._nothing_to_admit(tokens_left):
                 decoded = batch.step()
                 if decoded is not None:
-                    return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, self._held_back)
+                    return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, self._held_back, batch)
         self._builder = builder = PlanBuilder(self.block_manager)
         self._rejected = []
         budget = [self.config.max_num_batched_tokens]  # tokens left this step (a cell the passes update)
@@ -215,7 +219,8 @@ class Scheduler:
         self.num_preemptions += preempted
         self._builder = None
         plan = builder.build(all_single=self._num_multi_running == 0)
-        return SchedulerOutput(plan, admitted, self._rejected, preempted, preempted > 0 or self._held_back)
+        leading = builder.leading_batch if plan.sampling is not None and plan.sampling.num_batch_rows else None
+        return SchedulerOutput(plan, admitted, self._rejected, preempted, preempted > 0 or self._held_back, leading)
 
     def _schedule_running(self, builder: PlanBuilder, budget: list[int]) -> int:
         """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones. The

@@ -1,24 +1,11 @@
-"""The Executor interface shared by the real (JAX) executor and the cost-model simulator."""
+"""The Executor interface shared by the real (JAX) executor and the cost-model simulator
+(`jpaged.paper.sim.executor`): a StepPlan in, a ModelOutput out (both in `jpaged.core.step_plan`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Protocol
 
-import numpy as np
-
-from jpaged.core.step_plan import StepPlan
-
-
-@dataclasses.dataclass
-class ModelOutput:
-    """What one executed step returns to the engine core: a token per sample row, not logits."""
-
-    token_ids: np.ndarray | list[int]  # [R] the token sampled for each row of plan.sampling
-    logprobs: np.ndarray | None  # f32[R] log-probability of each sampled token; None without a model
-    top_ids: np.ndarray | None  # i32[R, K] most likely tokens per row, best first (beams, logprobs), else None
-    top_logprobs: np.ndarray | None  # f32[R, K] their log-probabilities
-    duration: float  # seconds the step took: wall time (jax) or cost-model time (sim)
+from jpaged.core.step_plan import ModelOutput, StepPlan
 
 
 class Executor(Protocol):

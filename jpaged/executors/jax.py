@@ -25,8 +25,8 @@ import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan, bucket
-from jpaged.executors.base import ModelOutput
+from jpaged.core.padding import bucket
+from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.executors.sampling import sample
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jpaged.core.step_plan import SamplingBatch, bucket
+from jpaged.core.padding import bucket
+from jpaged.core.step_plan import SamplingBatch
 
 
 @dataclasses.dataclass

@@ -20,9 +20,8 @@ from tqdm.auto import tqdm
 
 from jpaged.core.scheduler import SchedulerOutput
 from jpaged.core.sequence import SamplingParams
-from jpaged.core.step_plan import StepPlan
+from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.base import ModelOutput
 from jpaged.paper.kv_usage import total_slots, usage_breakdown
 from jpaged.paper.metrics import BatchOccupancyAccumulator, KVUsageAccumulator, RequestRecord
 from jpaged.paper.workloads import TraceRequest

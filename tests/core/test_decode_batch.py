@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
-from jpaged.core import scheduler, step_plan
+from jpaged.core import plan_builder, scheduler
+from jpaged.core.padding import bucket
 from jpaged.core.sequence import SamplingParams
-from jpaged.core.step_plan import bucket
+from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.base import ModelOutput
 
 VOCAB = 40
 
@@ -54,7 +54,7 @@ class CheckSkippedStops(EngineObserver):
             longest = int(plan.context_lens[: plan.num_seqs].max())
             assert plan.block_tables.shape[1] == min(bucket(-(-longest // bm.block_size)), bm.max_blocks_per_seq)
         rows = plan.sampling
-        if rows is not None and rows.decode_batch is not None:  # the kept batch is what a rebuild would give
+        if rows is not None and out.batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler
             # Its rows lead the step: the running sequences (partly prefilled groups aside) but those
             # with other rows in it (prompts admitted or finished by this step), each once, in the
@@ -65,8 +65,8 @@ class CheckSkippedStops(EngineObserver):
             want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()
                     if id(s) not in others]
             assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
-            assert plan.seqs[:n] == fresh and rows.decode_batch.seqs == fresh and len({id(s) for s in fresh}) == n
-            np.testing.assert_array_equal(rows.decode_batch.rows, bm.rows_of([s.seq_id for s in fresh]))
+            assert plan.seqs[:n] == fresh and out.batch.seqs == fresh and len({id(s) for s in fresh}) == n
+            np.testing.assert_array_equal(out.batch.rows, bm.rows_of([s.seq_id for s in fresh]))
             np.testing.assert_array_equal(plan.token_ids[:n], [s.token_ids[-1] for s in fresh])
             # ... and the cursor's arrays are the block manager's truth after the step's slots
             rows_of = bm.rows_of([s.seq_id for s in fresh])
@@ -128,7 +128,7 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
     fast = serve(policy, mode, block_size, num_blocks, observer)
     assert observer.num_skipping_steps > 0 and observer.num_length_stops > 0 and observer.num_batch_steps > 0
     assert observer.num_mixed_steps > 0 or policy == "paper"  # (chunked: prompts join the batch's step)
-    batch_plan, sample_rows = step_plan.batch_plan, step_plan.PlanBuilder._sample_rows
+    batch_plan, sample_rows = plan_builder.batch_plan, plan_builder.PlanBuilder._sample_rows
 
     def without_batch_stops(*args):  # every step through the per-row checks
         plan = batch_plan(*args)
@@ -141,7 +141,7 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
             rows.stop_tokens = None
         return rows
 
-    monkeypatch.setattr(step_plan, "batch_plan", without_batch_stops)  # (PlanBuilder.build's)
+    monkeypatch.setattr(plan_builder, "batch_plan", without_batch_stops)  # (PlanBuilder.build's)
     monkeypatch.setattr(scheduler, "batch_plan", without_batch_stops)  # (the scheduler's decode fast path)
-    monkeypatch.setattr(step_plan.PlanBuilder, "_sample_rows", mixed_without_batch_stops)  # (mixed steps)
+    monkeypatch.setattr(plan_builder.PlanBuilder, "_sample_rows", mixed_without_batch_stops)  # (mixed steps)
     assert serve(policy, mode, block_size, num_blocks) == fast

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_cursor import AppendCursor, PagedDecodeCursor
-from jpaged.core.step_plan import bucket
+from jpaged.core.padding import bucket
 
 
 def _twins(block_size: int, num_blocks: int, lengths: list[int], prefix_caching: bool):

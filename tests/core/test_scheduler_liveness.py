@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.base import ModelOutput
 
 VOCAB = 48
 MAX_STEPS = 4000

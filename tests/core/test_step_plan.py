@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_batch import DecodeBatch
+from jpaged.core.padding import bucket
+from jpaged.core.plan_builder import PlanBuilder
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
-from jpaged.core.step_plan import PlanBuilder, bucket
 
 
 def _reference(bm: BlockManager, seqs, rows, counts):

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.scheduler import SchedulerOutput
 from jpaged.core.sequence import SequenceGroup
+from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
-from jpaged.executors.base import ModelOutput
 
 # vLLM's buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)

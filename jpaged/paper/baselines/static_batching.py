@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config.presets import ModelSpec
-from jpaged.core.step_plan import bucket
+from jpaged.core.padding import bucket
 from jpaged.models import decoder, layers
 
 

@@ -19,8 +19,7 @@ import numpy as np
 
 from jpaged.config.presets import ModelSpec
 from jpaged.core.sequence import request_stream
-from jpaged.core.step_plan import SampleRows, StepPlan
-from jpaged.executors.base import ModelOutput
+from jpaged.core.step_plan import ModelOutput, SampleRows, StepPlan
 from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
 from jpaged.paper.sim.gpus import GpuSpec, get_gpu
 from jpaged.paper.sim.profiled import FittedCostModel

@@ -22,7 +22,8 @@ from typing import Callable
 import numpy as np
 from scipy.optimize import nnls
 
-from jpaged.core.step_plan import StepPlan, bucket
+from jpaged.core.padding import bucket
+from jpaged.core.step_plan import StepPlan
 from jpaged.paper.sim.cost_model import CostModel
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan, bucket, pairs_array
+from jpaged.core.padding import bucket
+from jpaged.core.step_plan import StepPlan, pairs_array
 from jpaged.paper.sim.executor import SimExecutor
 from jpaged.paper.sim.gpus import get_gpu
 
