@@ -51,8 +51,10 @@ def _host_bytes() -> int:
 
 
 def _device_bytes() -> int:
-    """Memory of the first JAX device (its bytes_limit), or the host's where devices report none (CPU)."""
-    stats = jax.devices()[0].memory_stats() or {}
+    """Memory of this process's first JAX device (its bytes_limit), or the host's where devices report
+    none (CPU). A local device: in a multi-host run `jax.devices()[0]` may be another process's, and
+    `memory_stats()` of a non-addressable device raises."""
+    stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("bytes_limit") or _host_bytes()
 
 

@@ -52,8 +52,9 @@ def kv_pool_bytes(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any 
 
 
 def device_memory_bytes(device: jax.Device | None = None) -> int:
-    """Memory the allocator may use on `device` (default: the first device), from its memory stats."""
-    device = device or jax.devices()[0]
+    """Memory the allocator may use on `device` (default: this process's first device), from its memory
+    stats (a multi-host run's `jax.devices()[0]` may belong to another process, whose stats raise)."""
+    device = device or jax.local_devices()[0]
     stats = device.memory_stats() or {}
     if "bytes_limit" not in stats:
         raise ValueError(f"budget: a fraction of device memory needs memory stats, which {device.platform} "

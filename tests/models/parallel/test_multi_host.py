@@ -32,6 +32,8 @@ def test_two_processes_serve_like_one_device():
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
     results = [w.communicate(timeout=300) for w in workers]
-    for worker, (out, err) in zip(workers, results):
-        assert worker.returncode == 0, err[-3000:]
+    failed = [f"process {i} exited {w.returncode}:\n{err[-3000:]}" for i, (w, (_, err)) in enumerate(zip(workers, results))
+              if w.returncode != 0]
+    assert not failed, "\n".join(failed)  # (every process's error: the first to fail explains the others)
+    for out, _ in results:
         assert json.loads(out.strip().splitlines()[-1]) == expected
