@@ -1,1 +1,14 @@
-"""Experiment entry points: python -m experiments.<name> --config configs/<name>.yaml."""
+"""The experiments, grouped by purpose; each parses a YAML config, runs `run(config) -> dict` and
+writes its results atomically with their provenance.
+
+- The paper's figures, one package each, `python -m experiments.<name> --config configs/<name>.yaml`:
+  throughput, memory_waste, parallel_sampling, shared_prefix, chatbot, kernel_bench, block_size,
+  preemption, record_beams, chunked_prefill, sim_validation. A package holds the experiment
+  (__init__.py: its config dataclass, run, main), its section of results/REPORT.md (report.py) and
+  the plots only it draws (plots.py).
+- The rest, `python -m experiments.<group>.<name> --config configs/<name>.yaml`: bench/ (jpaged's own
+  benchmarks), peers/ (against other systems), lm/ (training the models in assets/), report/
+  (results/REPORT.md, reproduce_all, figure_moves).
+- Shared: common.py (command line, provenance, JSON results), serving.py (the figures' sweeps and
+  meters), plots.py (the figures' colors and curves).
+"""

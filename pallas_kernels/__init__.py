@@ -14,7 +14,7 @@ function and `write_kv` takes one layer's pool `[Hkv, N, Bs, D]`, or the layer-s
   decode and prefill attention on CPU that reads the pages in place (compiled on first use);
   `paged_attention_cpu`, `paged_prefill_attention_cpu`, `available()`.
 - cache_ops: `write_kv`, `copy_blocks`, `gather_blocks`, `scatter_blocks`; in place via donation.
-- contiguous_attention: the non-paged baseline of experiments/kernel_bench.py.
+- contiguous_attention: the non-paged baseline of experiments/kernel_bench/__init__.py.
 - backend_names (no jax) and backends: the one registry of backend names (`xla`, `cpu_native`, `pallas_triton`, alias `pallas`,
   `auto`).
 - targets: GPU limits (A100 sm_80, H100 sm_90, ...), the target a trace is for, `abstract_gpu`.

@@ -135,7 +135,7 @@ class Block(nnx.Module):
     def __call__(self, h: jax.Array, positions: jax.Array, cache: Any, layer: jax.Array,
                  attend: Attend) -> tuple[jax.Array, Any]:
         """h [..., H], positions [...] -> (h [..., H], cache); `attend` reads/writes layer `layer`'s cache."""
-        # The named scopes label the compiled ops by part (experiments/profile_forward.py).
+        # The named scopes label the compiled ops by part (experiments/bench/profile_forward.py).
         spec, lead = self.spec, h.shape[:-1]
         with jax.named_scope("qkv_proj"):
             x = self.attn_norm(h)

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments.bench_host import BenchHostConfig
+from experiments.bench.bench_host import BenchHostConfig
 from experiments.throughput import ThroughputConfig
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_from_dict, load_config
 from jpaged.core.sequence import SamplingParams as SP

@@ -76,7 +76,7 @@ def test_beam_search_shares_blocks_along_the_tree():
 
 def test_beam_search_without_a_model_branches_and_frees():
     """With the simulator's model-less executor, beams still fork, share blocks and finish."""
-    from experiments.bench_host import NullExecutor
+    from experiments.bench.bench_host import NullExecutor
     from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
     from jpaged.engine import LLMEngine
 
@@ -97,7 +97,7 @@ def test_beam_search_without_a_model_does_not_depend_on_its_neighbours(policy):
     """The simulator's beam candidates depend on each beam's rank among its group's rows: finishes
     of other requests around a beam group (rows leaving the running batch) must not reorder them,
     so the group's beams are the same served alone or among short requests."""
-    from experiments.bench_host import NullExecutor
+    from experiments.bench.bench_host import NullExecutor
     from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
     from jpaged.engine import LLMEngine
 

@@ -6,17 +6,20 @@ import sys
 
 import pytest
 
-from experiments import common, kernel_bench, reproduce_all
+from experiments import common, kernel_bench
 from experiments.kernel_bench import KernelBenchConfig
+from experiments.report import reproduce_all
 
+# reproduce_all's steps by config name.
 RESUMING = ("throughput", "parallel_sampling", "shared_prefix", "chatbot", "kernel_bench", "block_size", "preemption")
 NOT_RESUMING = ("memory_waste", "bench_host", "serve_real")
+MODULE_OF = {config: module for module, config in reproduce_all.STEPS}
 
 
-@pytest.mark.parametrize("module", RESUMING + NOT_RESUMING)
-def test_every_sweep_resumes_and_only_sweeps(module):
-    run, _ = reproduce_all.load_step(module, module, quick=False)
-    assert common.resumes(run) == (module in RESUMING)
+@pytest.mark.parametrize("config", RESUMING + NOT_RESUMING)
+def test_every_sweep_resumes_and_only_sweeps(config):
+    run, _ = reproduce_all.load_step(MODULE_OF[config], config, quick=False)
+    assert common.resumes(run) == (config in RESUMING)
 
 
 def test_cli_passes_resume_only_when_asked(monkeypatch, tmp_path):

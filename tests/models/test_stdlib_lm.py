@@ -1,6 +1,6 @@
 """The committed asset model (assets/stdlib-lm): loads through the project's HF import, equals
 transformers' LlamaForCausalLM on the same files, predicts Python far better than chance, and
-serves through the paged engine. Never trains: `python -m experiments.train_lm` made the asset.
+serves through the paged engine. Never trains: `python -m experiments.lm.train_lm` made the asset.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.lm_eval import greedy
+from experiments.lm.evaluate import greedy
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="peer test needs torch (pip install torch==2.13.0)")
 transformers = pytest.importorskip("transformers", reason="peer test needs transformers")
 
-from experiments.lm_eval import greedy  # noqa: E402
+from experiments.lm.evaluate import greedy  # noqa: E402
 from jpaged.models.checkpoint import import_hf  # noqa: E402
 from jpaged.models.decoder import dense_forward  # noqa: E402
 from jpaged.text.tokenizer import Tokenizer  # noqa: E402

@@ -6,7 +6,7 @@ from the workload, EOS is ignored). Beam rows need candidates, so that beams sti
 and die as in a real search and memory sharing can be measured; two branching models give them:
 - `synthetic_candidates` (the default): seeded random log-probabilities of one flat shape;
 - `BeamReplay`: the candidates a trained model proposed in a recorded beam search
-  (experiments/record_beams.py), replayed step by step, so beams branch as that model's did.
+  (experiments/record_beams/__init__.py), replayed step by step, so beams branch as that model's did.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def beam_rows(rows: SampleRows):
 class BeamReplay:
     """Beam candidates recorded from a trained model's beam search, replayed by the simulator.
 
-    The file (numpy .npz, written by experiments/record_beams.py) holds, for each recorded width n,
+    The file (numpy .npz, written by experiments/record_beams/__init__.py) holds, for each recorded width n,
     `ids_<n>` i32[K, L, n, 2n] and `logprobs_<n>` f32[K, L, n, 2n]: trace k's candidates at output
     step t for the beam of rank b (its order among its group's rows in that step; step 0 has one
     row, the prompt's, so rows 1.. of step 0 are unused). A simulated request of width n replays

@@ -1,0 +1,10 @@
+"""Benchmarks of jpaged itself, on this machine's CPU (or its GPU): host overhead, one decode step,
+the native dense kernel, where the forward step's time goes, the real executor beside the cost
+model, the real engine against static batching, and the HTTP server against offline generation.
+
+    python -m experiments.bench.<name> --config configs/<name>.yaml
+
+bench_host, bench_decode, dense_bench, profile_forward, profile_executor, serve_real,
+serve_vs_offline; serve_common.py holds what the serving benchmarks share (a server process and
+its CPU time, `jpaged bench-serving` runs), here and in experiments/peers.
+"""

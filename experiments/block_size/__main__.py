@@ -1,0 +1,3 @@
+from experiments.block_size import main
+
+main()

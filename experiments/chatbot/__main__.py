@@ -1,0 +1,3 @@
+from experiments.chatbot import main
+
+main()

@@ -1,0 +1,3 @@
+from experiments.chunked_prefill import main
+
+main()

@@ -1,0 +1,3 @@
+from experiments.kernel_bench import main
+
+main()

@@ -1,0 +1,221 @@
+"""Trains the asset language model on the Python standard library and saves it as a HF directory.
+
+    python -m experiments.lm.train_lm --config configs/train_lm.yaml
+
+One command, no download: the stdlib's source files (experiments/lm/corpus.py) train a byte-level
+BPE (experiments/lm/tokenizer.py), then a small LLaMA (RMSNorm, RoPE, SwiGLU, GQA, tied
+embeddings; jpaged's own decoder, experiments/lm/model.py) with optax AdamW on random windows of
+the token stream. The output directory is what `transformers.LlamaForCausalLM.from_pretrained`,
+`jpaged.models.checkpoint.import_hf` and `jpaged.text.tokenizer.Tokenizer.from_dir` read: config.json,
+generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a ChatML
+chat template), plus train_summary.json (held-out loss, samples, timing, provenance). The reported
+numbers are measured on the saved files, reloaded through `import_hf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from safetensors.numpy import save_file
+from tqdm import tqdm
+
+from experiments import common
+from experiments.lm import corpus, evaluate, model, tokenizer
+from jpaged.config import load_config
+from jpaged.models.checkpoint import import_hf
+from jpaged.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLMConfig:
+    """Corpus, tokenizer, architecture and optimisation of the asset language model."""
+
+    corpus_glob: str = "*.py"  # files of the stdlib directory (sysconfig's "stdlib" path) to train on
+    holdout_every: int = 20  # every k-th corpus file (sorted) is held out for evaluation
+    chat_max_chars: int = 1500  # longest function source turned into a chat example
+    vocab_size: int = 4096  # BPE vocabulary including the 5 special tokens
+    hidden_size: int = 192  # residual width
+    num_layers: int = 4  # decoder blocks
+    num_heads: int = 6  # query heads (head_dim = hidden_size / num_heads)
+    num_kv_heads: int = 2  # key/value heads (GQA)
+    intermediate_size: int = 512  # SwiGLU width
+    seq_len: int = 512  # window of the last long_steps steps; also max_position_embeddings
+    short_seq_len: int = 256  # window of the steps before (attention cost grows with the window)
+    long_steps: int = 100  # final steps at seq_len, with the same tokens per step (fewer windows)
+    rope_theta: float = 10000.0  # RoPE base
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
+    seed: int = 0  # initialisation, document order and training windows
+    steps: int = 800  # optimizer steps
+    batch_size: int = 16  # short windows per step (tokens per step: batch_size * short_seq_len)
+    learning_rate: float = 3e-3  # peak AdamW learning rate (linear warmup, cosine decay to 10%)
+    warmup_steps: int = 60  # warmup steps
+    weight_decay: float = 0.01  # AdamW weight decay
+    dtype: str = "bfloat16"  # dtype of the saved weights (float32 or bfloat16); training is float32
+    sample_prompts: tuple[str, ...] = ("import os\n", "class Stack:\n    def __init__(self):\n")  # greedy samples
+    sample_chat: tuple[str, ...] = ("Write a Python function `is_even(n)`. Return True if n is even.",)  # user turns
+    sample_tokens: int = 64  # tokens per greedy sample
+    output: str = "assets/stdlib-lm"  # Hugging Face directory written (replaced)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "short_seq_len", "sample_tokens", "chat_max_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.long_steps <= self.steps:
+            raise ValueError(f"long_steps: must be in [0, steps={self.steps}], got {self.long_steps}")
+        if self.short_seq_len > self.seq_len or (self.batch_size * self.short_seq_len) % self.seq_len:
+            raise ValueError(f"short_seq_len: must be <= seq_len ({self.seq_len}) with batch_size * short_seq_len "
+                             f"a multiple of seq_len, got {self.short_seq_len}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps: must be in [0, steps={self.steps}), got {self.warmup_steps}")
+
+
+def _streams(tok: Tokenizer, train_docs: list[str], held_docs: list[str], seed: int) -> tuple[np.ndarray, ...]:
+    """Token streams: documents in a seeded order, each BOS + text + EOS (chat texts carry their BOS)."""
+    def encode(docs):
+        order = np.random.default_rng(seed).permutation(len(docs))
+        ids = tok.encode_batch([docs[i] for i in order], add_special_tokens=False)
+        return np.concatenate([(x if x[:1] == [tok.bos_token_id] else [tok.bos_token_id] + x) + [tok.eos_token_id]
+                               for x in ids]).astype(np.int32)
+    return encode(train_docs), encode(held_docs)
+
+
+def _documents(config: TrainLMConfig, tok: Tokenizer, texts: list[str]) -> tuple[list[str], int]:
+    """Files plus their chat examples rendered with the model's own chat template; (docs, number of chats)."""
+    chats = [tok.apply_chat_template(m) for t in texts for m in corpus.chat_examples(t, config.chat_max_chars)]
+    return texts + chats, len(chats)
+
+
+def train(config: TrainLMConfig, spec, stream: np.ndarray) -> tuple[dict, list[float], float]:
+    """AdamW over random windows of `stream`; (params, per-step losses, CPU seconds)."""
+    params = model.init_params(spec, config.seed)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps,
+                                                  config.steps, config.learning_rate * 0.1)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
+    opt_state = optimizer.init(params)
+
+    def loss_fn(params, tokens):  # tokens [B, seq_len + 1]: position t predicts t + 1
+        logits = model.forward(spec, params, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))  # update the parameters and moments in place
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(config.seed + 1)
+    losses, cpu0 = [], time.process_time()
+    bar = tqdm(range(config.steps), desc="train stdlib-lm", mininterval=5.0)
+    for i in bar:
+        length = config.seq_len if i >= config.steps - config.long_steps else config.short_seq_len
+        starts = rng.integers(0, len(stream) - length - 1, config.batch_size * config.short_seq_len // length)
+        batch = np.stack([stream[s:s + length + 1] for s in starts])  # [windows, length + 1]
+        params, opt_state, loss = step(params, opt_state, jnp.asarray(batch))
+        losses.append(float(loss))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    return params, losses, time.process_time() - cpu0
+
+
+def _hf_config(config: TrainLMConfig, tok: Tokenizer) -> dict:
+    return model.hf_config(vocab_size=tok.vocab_size, hidden_size=config.hidden_size,
+                              num_layers=config.num_layers, num_heads=config.num_heads,
+                              num_kv_heads=config.num_kv_heads, intermediate_size=config.intermediate_size,
+                              max_position_embeddings=config.seq_len, rms_norm_eps=config.rms_norm_eps,
+                              rope_theta=config.rope_theta, bos_token_id=tok.bos_token_id,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype=config.dtype)
+
+
+def _save_model(directory: Path, hf: dict, tok: Tokenizer, spec, params) -> None:
+    """config.json, generation_config.json (stops at EOS and at the end of an assistant turn), weights."""
+    (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    generation = {"bos_token_id": tok.bos_token_id,
+                  "eos_token_id": [tok.eos_token_id, tok.token_to_id(tokenizer.IM_END)],
+                  "pad_token_id": tok.pad_token_id}
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    save_file(model.hf_tensors(spec, params, hf["torch_dtype"]), str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def run(config: TrainLMConfig) -> dict:
+    """Corpus -> tokenizer -> model -> saved HF directory -> evaluation of the saved files; the summary."""
+    wall0, load0 = time.perf_counter(), os.getloadavg()
+    provenance = common.provenance(config, seed=config.seed)  # the code as it is when training starts
+    files = corpus.corpus_files(config.corpus_glob)
+    texts = corpus.read_texts(files)
+    train_texts, held_texts = corpus.split(texts, config.holdout_every)
+    out = Path(config.output)
+    staging = out.with_name(out.name + ".partial")  # replaced atomically at the end
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer.save_tokenizer(tokenizer.train_tokenizer(train_texts, config.vocab_size), staging, config.seq_len)
+    tok = Tokenizer.from_dir(staging)
+    train_docs, train_chats = _documents(config, tok, train_texts)
+    held_docs, held_chats = _documents(config, tok, held_texts)
+    train_stream, held_stream = _streams(tok, train_docs, held_docs, config.seed)
+    log.info("corpus: %d train docs (%d chats), %d tokens; %d held-out docs, %d tokens", len(train_docs),
+             train_chats, len(train_stream), len(held_docs), len(held_stream))
+
+    hf = _hf_config(config, tok)
+    spec = model.spec_of(hf, out.name)
+    params, losses, cpu_seconds = train(config, spec, train_stream)
+    _save_model(staging, hf, tok, spec, params)
+
+    # Evaluate exactly what was written: weights through the importer, tokenizer with its stop ids.
+    spec, saved = import_hf(staging, name=out.name)
+    tok = Tokenizer.from_dir(staging)
+    metrics = evaluate.heldout_loss(spec, saved, held_stream, config.seq_len, config.batch_size)
+    metrics["heldout_bytes_per_token"] = sum(len(d.encode()) for d in held_docs) / len(held_stream)
+    metrics["heldout_bits_per_byte"] = metrics["heldout_loss"] / np.log(2) / metrics["heldout_bytes_per_token"]
+    metrics["unigram_baseline_loss"] = evaluate.unigram_loss(train_stream, held_stream, tok.vocab_size)
+    prompts = [tok.encode(p) for p in config.sample_prompts]
+    prompts += [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True)
+                for c in config.sample_chat]
+    generated = evaluate.greedy(spec, saved, prompts, config.sample_tokens, tok.eos_token_ids, config.seq_len)
+    samples = [{"prompt": tok.decode(p, skip_special_tokens=False), "greedy": tok.decode(g, skip_special_tokens=False)}
+               for p, g in zip(prompts, generated)]
+    summary = {
+        "num_params": model.param_count(params), "train_tokens_per_epoch": int(len(train_stream)),
+        "train_chat_examples": train_chats, "tokens_seen": config.steps * config.batch_size * config.short_seq_len,
+        "final_train_loss": float(np.mean(losses[-50:])), **metrics,
+        "train_cpu_seconds": round(cpu_seconds, 1), "wall_seconds": round(time.perf_counter() - wall0, 1),
+        "load_average_start": [round(x, 2) for x in load0], "load_average_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    provenance |= {"corpus_dir": str(corpus.stdlib_dir()), "corpus_files": len(files),
+                   "corpus_sha256": corpus.corpus_digest(files, texts)}
+    record = {"summary": summary, "samples": samples, "loss_curve": [round(x, 4) for x in losses[::10]],
+              "provenance": provenance}
+    (staging / "train_summary.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return {**summary, "samples": samples}
+
+
+def main() -> None:
+    """CLI: parse --config, train, print the summary block and the samples."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML file of TrainLMConfig fields")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    summary = run(load_config(args.config, TrainLMConfig))
+    samples = summary.pop("samples")
+    for key, value in summary.items():
+        print(f"{key:28s} {value}")
+    for s in samples:
+        print(f"--- prompt {s['prompt']!r}\n{s['greedy']}")
+
+
+if __name__ == "__main__":
+    main()

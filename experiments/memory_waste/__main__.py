@@ -1,0 +1,3 @@
+from experiments.memory_waste import main
+
+main()

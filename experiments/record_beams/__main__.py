@@ -1,0 +1,3 @@
+from experiments.record_beams import main
+
+main()

@@ -1,0 +1,3 @@
+from experiments.report.document import main
+
+main()

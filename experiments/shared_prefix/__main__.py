@@ -1,0 +1,3 @@
+from experiments.shared_prefix import main
+
+main()

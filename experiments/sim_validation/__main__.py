@@ -1,0 +1,3 @@
+from experiments.sim_validation import main
+
+main()

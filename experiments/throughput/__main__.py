@@ -1,0 +1,3 @@
+from experiments.throughput import main
+
+main()
