@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.common import as_bits
+from pallas_kernels.common import as_bits, check_decode_shapes, check_prefill_shapes, token_positions
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +145,7 @@ def paged_attention_cpu(
     Pools of float32, or bfloat16 (as its uint16 bits, or bf16 itself: bitcast here, which on
     XLA:CPU copies the pool; the engine stores bits). Accumulates in float32, returns q.dtype.
     """
-    from pallas_kernels.paged_attention import _check_shapes  # imports this module: not at the top
-
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     rows = jnp.arange(q.shape[0], dtype=jnp.int32)  # row b is sequence b and sees its whole context
     return _attend(q, k_pages, v_pages, block_tables, rows, context_lens, layer, scale)
 
@@ -166,9 +164,8 @@ def paged_prefill_attention_cpu(
 ) -> jax.Array:  # [T, Hq, D]
     """Paged prefill attention by the native kernel; the contract of `paged_prefill_attention_reference`
     (ragged query chunks, causal with the cached-context offset, rows of no sequence are zeros)."""
-    from pallas_kernels.paged_prefill import _check_shapes, token_positions  # as above
-
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc,
+                                                   layer)
     seq_ids, positions, valid = token_positions(query_start_loc, context_lens, q.shape[0])  # [T] each
     # Causal: row t sees its sequence's tokens 0 .. positions[t] (never past the context).
     row_keys = jnp.where(valid, jnp.minimum(positions + 1, context_lens[seq_ids]), 0)

@@ -35,9 +35,8 @@ from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM,
-    check_int32,
+    check_decode_shapes,
     check_knob,
-    check_query_and_pools,
     check_tile,
     combine_splits,
     decode_rows,
@@ -50,21 +49,6 @@ from pallas_kernels.common import (
     xla_softmax_step,
 )
 from pallas_kernels.targets import current_target
-
-
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer):
-    """Raise ValueError naming the first argument whose shape or dtype does not fit.
-
-    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
-    """
-    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "batch")
-    batch = q.shape[0]
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables: expected [batch={batch}, max_blocks], got {block_tables.shape}")
-    if context_lens.shape != (batch,):
-        raise ValueError(f"context_lens: expected [batch={batch}], got {context_lens.shape}")
-    check_int32(block_tables=block_tables, context_lens=context_lens)
-    return k_pages, v_pages, layer
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -82,7 +66,7 @@ def paged_attention_reference(
 
     Accumulates in float32 and returns `q.dtype`. Rows of sequences with `context_lens == 0` are 0.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
     max_len = block_tables.shape[1] * block_size
@@ -121,7 +105,7 @@ def paged_attention_xla(
 ) -> jax.Array:  # [B, Hq, D]
     """XLA paged decode attention: a scan over chunks of `block_k` tokens (rounded up to whole
     blocks) of every block table, gathering one chunk at a time. Same contract as the reference."""
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     check_knob("block_k", block_k)
     batch, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
@@ -210,7 +194,7 @@ def paged_attention(
     `num_stages` Triton's. Knobs beyond the target GPU's limits raise ValueError naming the knob.
     `interpret=True` runs the kernel on CPU.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
     num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     max_blocks = block_tables.shape[1]

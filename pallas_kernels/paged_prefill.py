@@ -35,14 +35,14 @@ from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM,
-    check_int32,
     check_knob,
-    check_query_and_pools,
+    check_prefill_shapes,
     check_tile,
     gather_pages,
     init_softmax_state,
     next_power_of_2,
     online_softmax_step,
+    token_positions,
     xla_softmax_finish,
     xla_softmax_init,
     xla_softmax_step,
@@ -52,40 +52,6 @@ from pallas_kernels.targets import current_target
 # Query rows (tokens x padded GQA group) per tile by default: long chunks re-read each sequence's
 # K/V once per tile, so larger tiles read less; 64 rows at block_k 64 compile without spills.
 DEFAULT_TILE_ROWS = 64
-
-
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
-    """Raise ValueError naming the first argument whose shape or dtype does not fit.
-
-    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
-    """
-    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "num_tokens")
-    if block_tables.ndim != 2:
-        raise ValueError(f"block_tables: expected [num_seqs, max_blocks], got {block_tables.shape}")
-    num_seqs = block_tables.shape[0]
-    if context_lens.shape != (num_seqs,):
-        raise ValueError(f"context_lens: expected [num_seqs={num_seqs}], got {context_lens.shape}")
-    if query_start_loc.shape != (num_seqs + 1,):
-        raise ValueError(f"query_start_loc: expected [num_seqs + 1={num_seqs + 1}], got {query_start_loc.shape}")
-    check_int32(block_tables=block_tables, context_lens=context_lens, query_start_loc=query_start_loc)
-    return k_pages, v_pages, layer
-
-
-def token_positions(query_start_loc: jax.Array, context_lens: jax.Array, num_tokens: int):
-    """Map each query row to its sequence and context position.
-
-    Returns `(seq_ids i32[T], positions i32[T], valid bool[T])`; rows owned by no sequence have
-    `valid == False` (their seq id and position are clamped into range but meaningless).
-    """
-    rows = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
-    num_seqs = context_lens.shape[0]
-    # Row t belongs to the last sequence whose start is <= t; empty ranges are skipped by side="right".
-    seq_ids = jnp.searchsorted(query_start_loc, rows, side="right").astype(jnp.int32) - 1
-    seq_ids = jnp.clip(seq_ids, 0, num_seqs - 1)
-    start, end = query_start_loc[seq_ids], query_start_loc[seq_ids + 1]
-    valid = (rows >= start) & (rows < end)
-    positions = context_lens[seq_ids] - (end - start) + (rows - start)
-    return seq_ids, positions, valid
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -105,7 +71,7 @@ def paged_prefill_attention_reference(
     Scans over sequences so memory stays at one sequence's `[T, Hq, L]` scores; each step fills the
     rows that sequence owns. Accumulates in float32 and returns `q.dtype`.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
@@ -160,7 +126,7 @@ def paged_prefill_attention_xla(
     chunk by chunk with an online softmax, so work is ~ tiles x context rather than the
     reference's sequences x all tokens x context, and no sequence's gathered K/V exists whole.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     check_knob("block_q", block_q)
     check_knob("pages_per_chunk", pages_per_chunk)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -283,7 +249,7 @@ def paged_prefill_attention(
     two >= 16), `num_warps` (None: from the tile, see `launch`) and `num_stages` Triton's. Knobs
     beyond the target GPU's limits raise ValueError naming the knob.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
     num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     num_seqs, max_blocks = block_tables.shape

@@ -26,7 +26,7 @@ from jpaged.config.presets import ModelSpec
 from jpaged.models import decoder, layers, packed, parallel
 from jpaged.models.kv_pool import KVPool
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
-from pallas_kernels.common import resolve_backend
+from pallas_kernels.backends import resolve_backend
 
 STEP_ARRAYS = ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens",
                "query_start_loc", "logits_indices")
