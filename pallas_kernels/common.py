@@ -223,7 +223,7 @@ def gather_pages(
     reshape), and the gather takes whole rows straight into the order the attention dots read
     (`head_axis`: where the KV-head axis goes among [Hkv, *I]). Indexing `pages[layer, :,
     block_ids]` instead gathers [*I, Hkv, Bs, D] and then transposes it: on XLA:CPU that fused
-    loop runs on one thread at about half the speed.
+    loop runs on one thread.
     """
     num_layers, num_kv_heads, num_blocks, block_size, head_dim = pages.shape
     rows = as_bits(pages).reshape(num_layers * num_kv_heads * num_blocks, block_size * head_dim)

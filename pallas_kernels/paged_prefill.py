@@ -66,10 +66,25 @@ def paged_prefill_attention_reference(
     *,
     scale: float,
 ) -> jax.Array:  # [T, Hq, D]
-    """Plain-jnp paged prefill attention, causal with the cached-context offset.
+    """Plain-jnp paged prefill attention, causal with the cached-context offset; the oracle.
 
     Scans over sequences so memory stays at one sequence's `[T, Hq, L]` scores; each step fills the
-    rows that sequence owns. Accumulates in float32 and returns `q.dtype`.
+    rows that sequence owns.
+
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
     """
     k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -117,7 +132,7 @@ def paged_prefill_attention_xla(
     scale: float,
     block_q: int = 32,
     # 4 x 16-token pages: each chunk's gathered K/V of all tiles ([NT, Hkv, C, D]) then stays near
-    # cache size; 8 pages took 1.78x the CPU time of 4 on serve_real's first prefill (opt-125m, T=2048).
+    # cache size (larger chunks leave the cache).
     pages_per_chunk: int = 4,
 ) -> jax.Array:  # [T, Hq, D]
     """The XLA path of paged prefill (CPU): query tiles of one sequence each, keys streamed in chunks.
@@ -125,6 +140,23 @@ def paged_prefill_attention_xla(
     The same tile plan as the Pallas kernel, vectorised: every tile attends to its sequence's pages
     chunk by chunk with an online softmax, so work is ~ tiles x context rather than the
     reference's sequences x all tokens x context, and no sequence's gathered K/V exists whole.
+
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_q: query tokens per tile (fewer for a batch of fewer tokens).
+      pages_per_chunk: blocks of keys per streamed chunk.
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
     """
     k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     check_knob("block_q", block_q)
@@ -241,13 +273,33 @@ def paged_prefill_attention(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]
-    """Pallas paged prefill attention (see the module docstring); same contract as the reference.
+    """Pallas paged prefill attention (see the module docstring); the reference's contract.
 
-    Knobs: `block_q` query tokens per tile (power of two; `block_q * Gp` rows must be >= 16, where
-    Gp is the GQA group padded to a power of two; None: DEFAULT_TILE_ROWS rows, fewer for a batch
-    with fewer tokens), `block_k` key tokens per inner step (rounded up to whole blocks; a power of
-    two >= 16), `num_warps` (None: from the tile, see `launch`) and `num_stages` Triton's. Knobs
-    beyond the target GPU's limits raise ValueError naming the knob.
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_q: query tokens per tile, a power of two; `block_q * Gp` rows (Gp: the GQA group
+        padded to a power of two) must be >= 16. None: DEFAULT_TILE_ROWS rows, fewer for a batch
+        of fewer tokens.
+      block_k: key tokens per inner step (rounded up to whole blocks; a power of two >= 16).
+      num_warps: Triton's; None: from the tile (`launch`).
+      num_stages: Triton's software pipelining stages.
+      interpret: run the kernel in Pallas' interpreter (CPU).
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
+
+    Raises:
+      ValueError naming the first argument or knob that does not fit (shapes, Triton's tile rules,
+      the target GPU's limits).
     """
     k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -325,9 +377,15 @@ IMPLS = {"xla": paged_prefill_attention_xla, "cpu_native": native_cpu.paged_pref
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):
-    """The prefill attention function for `backend` (a name from `pallas_kernels.backends`).
+    """The prefill attention function for `backend`.
 
-    Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, query_start_loc, layer=None, *, scale)`; Pallas knobs and `interpret` are bound here.
+    Args:
+      backend: a name from `pallas_kernels.backends` ("auto", "xla", "cpu_native", "pallas", ...).
+      interpret: for a Pallas backend, run its kernel in the interpreter.
+      **knobs: for a Pallas backend, its tuning knobs (`paged_prefill_attention`'s keywords).
+
+    Returns:
+      A callable with the reference's signature `(q, k_pages, v_pages, block_tables,
+      context_lens, query_start_loc, layer=None, *, scale) -> [T, Hq, D]`.
     """
     return bind_impl(IMPLS, backend, "paged prefill attention", interpret=interpret, **knobs)

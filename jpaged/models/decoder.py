@@ -10,8 +10,8 @@ Outside the module, parameters are its Flax state as a pure dict (`nnx.to_pure_d
 `params["layers"]["q"]["kernel"]` f32[L, H, Hq * D]: the tree orbax checkpoints and the Hugging Face
 import write, and what jitted steps take. A jitted step is a pure function of that state: it
 rebuilds the module with `nnx.merge(graphdef, params)` while tracing (as Flax's gemma sampler does).
-Pure dicts rather than `nnx.State` cross the jit boundary because jit flattens them in C++, about
-five times faster per call than State's Variable nodes.
+Pure dicts rather than `nnx.State` cross the jit boundary because jit flattens them in C++, not
+through State's Variable nodes.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class CausalLM(nnx.Module):
         layer index to find its part. With `blocks` (one `Block` per layer, each over its own
         buffers, see `unstack_layers`) the layers run one after another instead, unrolled in the
         trace: a scan slices layer i out of every stacked weight, which XLA:CPU does as a copy
-        (the whole model's weights copied once per step, 55% of a batch-1 decode step).
+        (the whole model's weights copied once per step).
         """
         if blocks is not None:
             for i, block in enumerate(blocks):
