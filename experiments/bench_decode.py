@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import ModelConfig
+from jpaged.core.step_plan import StepPlan
 from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.core.step_plan import StepPlan
 from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 

@@ -35,7 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.common import as_bits, check_decode_shapes, check_prefill_shapes, token_positions
+from pallas_kernels.common import (
+    as_bits,
+    check_decode_shapes,
+    check_prefill_shapes,
+    token_positions,
+)
 
 logger = logging.getLogger(__name__)
 

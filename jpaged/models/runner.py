@@ -33,6 +33,7 @@ from jpaged.models.kv_pool import KVPool
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
 from pallas_kernels.backends import resolve_backend
 
+
 def _without_query_ranges(decode_attn: Callable) -> Callable:
     """Gives decode attention the prefill signature; one query per sequence needs no query ranges."""
 
@@ -93,7 +94,10 @@ class ModelRunner:
         if native_dense and (reason := packed.native_dense_reason(params)) is not None:
             raise ValueError(f"native_dense: unavailable here ({reason})")
         self.native_dense = native_dense
+        # The model's graphdefs with their dense layers over packed weights (None: the model's own).
+        self._graphdefs = None
         if native_dense:
+            self._graphdefs = packed.graphdefs(spec, decoder.params_dtype(params))
             self.params = packed.pack_dense(spec, self.params)
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
@@ -167,10 +171,10 @@ class ModelRunner:
                                                    query_start_loc, i)
             return out, (k_pool, v_pool)
 
-        params, packed_head = packed.split_head(params)
-        model, blocks = decoder.merge_unstacked(spec, params) if self.per_layer_weights else (
+        params, head = packed.split_head(spec, params)  # head: a tied head's packed copy, or None
+        model, blocks = decoder.merge_unstacked(spec, params, self._graphdefs) if self.per_layer_weights else (
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
         # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
-        return model.logits(h[logits_indices], packed_head), kv_pool
+        return model.logits(h[logits_indices], head), kv_pool

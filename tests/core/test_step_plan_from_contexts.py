@@ -46,15 +46,15 @@ def test_exact_shape_and_the_decode_only_shape():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(shape=(5, 2, 3)), "shape"),  # fewer token rows than tokens
-    (dict(shape=(6, 2, 2)), "shape"),  # a table column short
-    (dict(num_query=[1, 1], shape=(8, 4, 3)), "shape"),  # decode-only with T != S
-    (dict(num_query=[9, 1]), "num_query"),  # more query tokens than context
-    (dict(tables=[[3], [4, 9, 2]]), "tables"),  # a table too short for its context
-    (dict(num_query=[5]), "as many"),
+    ({"shape": (5, 2, 3)}, "shape"),  # fewer token rows than tokens
+    ({"shape": (6, 2, 2)}, "shape"),  # a table column short
+    ({"num_query": [1, 1], "shape": (8, 4, 3)}, "shape"),  # decode-only with T != S
+    ({"num_query": [9, 1]}, "num_query"),  # more query tokens than context
+    ({"tables": [[3], [4, 9, 2]]}, "tables"),  # a table too short for its context
+    ({"num_query": [5]}, "as many"),
 ])
 def test_refuses_shapes_that_cannot_hold_the_batch(kwargs, match):
-    args = dict(contexts=CONTEXTS, num_query=NUM_QUERY, tables=TABLES, block_size=4) | kwargs
+    args = {"contexts": CONTEXTS, "num_query": NUM_QUERY, "tables": TABLES, "block_size": 4} | kwargs
     with pytest.raises(ValueError, match=match):
         StepPlan.from_contexts(**args)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.core.step_plan import StepPlan
 from jpaged.models.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.runner import ModelRunner
 from pallas_kernels import cache_ops, native_cpu

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.core.step_plan import StepPlan
 from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 

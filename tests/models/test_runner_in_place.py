@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.core.step_plan import StepPlan
 from jpaged.models.runner import ModelRunner
 from pallas_kernels.targets import A100, abstract_gpu
 from tests.models.test_paged_equivalence import CPU_BACKENDS

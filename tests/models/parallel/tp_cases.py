@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from jpaged.config.presets import get_preset  # noqa: E402
 from jpaged.core.sequence import SamplingParams  # noqa: E402
+from jpaged.core.step_plan import StepPlan  # noqa: E402
 from jpaged.engine import LLMEngine  # noqa: E402
 from jpaged.executors.jax import JaxExecutor  # noqa: E402
 from jpaged.models import (
@@ -24,7 +25,6 @@ from jpaged.models import (
     parallel,  # noqa: E402
 )
 from jpaged.models.kv_pool import init_kv_pool  # noqa: E402
-from jpaged.core.step_plan import StepPlan  # noqa: E402
 from jpaged.models.paged_batch import scattered_tables  # noqa: E402
 from jpaged.models.runner import ModelRunner  # noqa: E402
 
