@@ -20,5 +20,6 @@ function and `write_kv` takes one layer's pool `[Hkv, N, Bs, D]`, or the layer-s
 - targets: GPU limits (A100 sm_80, H100 sm_90, ...), the target a trace is for, `abstract_gpu`.
 - launch: launch shapes chosen per call (splits, warps) and knobs checked against the target.
 - triton_compile: Triton IR -> cubin with the `triton` package, without a GPU (tests, tables).
-- common: Triton shape rules, the shared online-softmax step, split-K partials.
+- common: the attention functions' argument checks, Triton shape rules, query-row positions, the
+  shared online-softmax step, split-K partials.
 """

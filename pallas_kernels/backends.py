@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
+from pallas_kernels import native_cpu
 from pallas_kernels.backend_names import BACKEND_NAMES
 
 
@@ -61,8 +62,6 @@ def resolve_backend(backend: str) -> str:
     On CPU the Pallas kernels only run in interpret mode, which is far slower than XLA.
     `cpu_native` that cannot build or run here is a ValueError saying why.
     """
-    from pallas_kernels import native_cpu  # imports this module's package: not at the top
-
     if backend == "auto":
         if jax.default_backend() == "gpu":
             backend = "pallas"

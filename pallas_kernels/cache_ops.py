@@ -41,11 +41,23 @@ def write_kv(
     slot_mapping: jax.Array,  # i32[T]
     layer: jax.Array | int | None = None,  # i32[]: the layer of a stacked pool to write
 ) -> tuple[jax.Array, jax.Array]:  # (k_pages, v_pages), shapes unchanged
-    """Write token t's K/V to slot `slot_mapping[t]` (= block * block_size + offset).
+    """Write token t's K/V to slot `slot_mapping[t]` (= block * block_size + offset), in place.
 
     One layer's pool, or layer `layer` of a layer-stacked pool: the scatter then touches only the
     written slots of that layer, so a model step that scans over layers never copies the pool.
-    Slots < 0 (padding) are sent to slot 0 of the reserved block 0. Returns the updated pools.
+
+    Args:
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack written at
+        `layer`; donated.
+      v_pages: the V pool, shaped like `k_pages`; donated.
+      k_new: [T, Hkv, D] the tokens' keys (cast to the pool's dtype).
+      v_new: [T, Hkv, D] the tokens' values.
+      slot_mapping: i32[T] each token's slot; < 0 (padding) goes to slot 0 of reserved block 0,
+        slots past the pool are dropped.
+      layer: i32[] the layer of a stacked pool; None with a single layer.
+
+    Returns:
+      (k_pages, v_pages), shaped as given: use these, the donated inputs are invalid.
     """
     k_stack, v_stack, layer = layer_stack(k_pages, v_pages, layer)  # [L, Hkv, N, Bs, D] x2, i32[]
     _, num_kv_heads, num_blocks, block_size, head_dim = k_stack.shape
@@ -73,10 +85,16 @@ def copy_blocks(
     v_pages: jax.Array,  # [..., N, Bs, D]
     pairs: jax.Array,  # i32[P, 2] (src, dst)
 ) -> tuple[jax.Array, jax.Array]:
-    """Copy block `src` to block `dst` for every pair (copy-on-write), in both pools at once.
+    """Copy block `src` to block `dst` for every pair (copy-on-write), in both pools, in place.
 
-    Destinations must be distinct and not sources of other pairs (fresh CoW blocks are); padding
-    pairs `(0, 0)` copy block 0 onto itself and are harmless.
+    Args:
+      k_pages: [..., N, Bs, D] a K pool (one layer or the layer stack); donated.
+      v_pages: the V pool, shaped like `k_pages`; donated.
+      pairs: i32[P, 2] (src, dst) block ids. Destinations must be distinct and not sources of other
+        pairs (fresh CoW blocks are); padding pairs (0, 0) copy block 0 onto itself, harmlessly.
+
+    Returns:
+      (k_pages, v_pages), shaped as given: use these, the donated inputs are invalid.
     """
     _check_pool("k_pages", k_pages)
     if v_pages.shape != k_pages.shape:
@@ -95,7 +113,15 @@ def gather_blocks(
     pages: jax.Array,  # [..., N, Bs, D]
     block_ids: jax.Array,  # i32[P]
 ) -> jax.Array:  # [..., P, Bs, D]
-    """Read whole blocks out of a pool (swap out: device pool -> blocks bound for host memory)."""
+    """Read whole blocks out of a pool (swap out: device pool -> blocks bound for host memory).
+
+    Args:
+      pages: [..., N, Bs, D] a pool (one layer or the layer stack).
+      block_ids: i32[P] the blocks to read.
+
+    Returns:
+      [..., P, Bs, D] the blocks, in `block_ids` order.
+    """
     _check_pool("pages", pages)
     _check_int32("block_ids", block_ids, 1)
     return from_bits(as_bits(pages)[..., block_ids, :, :], pages.dtype)
@@ -109,7 +135,14 @@ def scatter_blocks(
 ) -> jax.Array:  # [..., N, Bs, D]
     """Write whole blocks into a pool in place (swap in: host blocks -> device pool).
 
-    Padding entries should point at block 0 (their contents land in the reserved block).
+    Args:
+      pages: [..., N, Bs, D] a pool (one layer or the layer stack); donated.
+      block_ids: i32[P] where each block goes; padding entries should point at block 0 (their
+        contents land in the reserved block).
+      blocks: [..., P, Bs, D] the blocks (cast to the pool's dtype).
+
+    Returns:
+      [..., N, Bs, D] the updated pool: use it, the donated input is invalid.
     """
     _check_pool("pages", pages)
     _check_int32("block_ids", block_ids, 1)

@@ -1,5 +1,5 @@
-"""Pieces shared by the kernels: Triton shape rules, layer-stacked pool access, the online-softmax
-steps, split-K partials.
+"""Pieces shared by the kernels: the paged attention functions' argument checks, Triton shape
+rules, layer-stacked pool access, query-row positions, the online-softmax steps, split-K partials.
 
 The GPU kernels target the Pallas Triton lowering (A100, H100/H200; `backends` names the
 backends and builds their compiler params). Triton needs power-of-two tensor sizes and at least
@@ -14,8 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
-
-from pallas_kernels.backends import resolve_backend  # noqa: F401  (jpaged/models/runner.py imports it from here)
 
 # Finite stand-in for -inf in masked scores: exp(MASK_VALUE - m) underflows to exactly 0 without
 # creating inf - inf = NaN when a whole row is masked.
@@ -53,10 +51,10 @@ def check_knob(name: str, value: int, *, minimum: int = 1) -> None:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
 
 
-def check_query_and_pools(q, k_pages, v_pages, layer, rows: str):
+def _check_query_and_pools(q, k_pages, v_pages, layer, rows: str):
     """Checks q [rows, Hq, D] against the pools and returns them as a layer stack plus the layer.
 
-    Shared by the decode and prefill wrappers; `rows` names q's first axis in error messages.
+    `rows` names q's first axis in error messages.
     """
     if q.ndim != 3:
         raise ValueError(f"q: expected [{rows}, num_q_heads, head_dim], got shape {q.shape}")
@@ -68,6 +66,94 @@ def check_query_and_pools(q, k_pages, v_pages, layer, rows: str):
     if num_q_heads % num_kv_heads:
         raise ValueError(f"q: num_q_heads {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     return k_pages, v_pages, layer
+
+
+def check_decode_shapes(
+    q: jax.Array,  # [B, Hq, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
+    block_tables: jax.Array,  # i32[B, M]
+    context_lens: jax.Array,  # i32[B]
+    layer: jax.Array | int | None,  # i32[]: the layer of a stacked pool, or None
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # ([L, Hkv, N, Bs, D], [L, Hkv, N, Bs, D], i32[])
+    """The argument checks of every paged decode attention function (Pallas, XLA, native, reference).
+
+    Args:
+      q, k_pages, v_pages, block_tables, context_lens, layer: the decode functions' arguments.
+
+    Returns:
+      (k_pages, v_pages, layer): the pools as a layer stack and the layer index as i32[].
+
+    Raises:
+      ValueError naming the first argument whose shape or dtype does not fit.
+    """
+    k_pages, v_pages, layer = _check_query_and_pools(q, k_pages, v_pages, layer, "batch")
+    batch = q.shape[0]
+    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables: expected [batch={batch}, max_blocks], got {block_tables.shape}")
+    if context_lens.shape != (batch,):
+        raise ValueError(f"context_lens: expected [batch={batch}], got {context_lens.shape}")
+    check_int32(block_tables=block_tables, context_lens=context_lens)
+    return k_pages, v_pages, layer
+
+
+def check_prefill_shapes(
+    q: jax.Array,  # [T, Hq, D]
+    k_pages: jax.Array,  # [Hkv, N, Bs, D], or [L, Hkv, N, Bs, D] with `layer`
+    v_pages: jax.Array,  # same shape as k_pages
+    block_tables: jax.Array,  # i32[S, M]
+    context_lens: jax.Array,  # i32[S]
+    query_start_loc: jax.Array,  # i32[S + 1]
+    layer: jax.Array | int | None,  # i32[]: the layer of a stacked pool, or None
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # ([L, Hkv, N, Bs, D], [L, Hkv, N, Bs, D], i32[])
+    """The argument checks of every paged prefill attention function (Pallas, XLA, native, reference).
+
+    Args:
+      q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer: the prefill
+        functions' arguments.
+
+    Returns:
+      (k_pages, v_pages, layer): the pools as a layer stack and the layer index as i32[].
+
+    Raises:
+      ValueError naming the first argument whose shape or dtype does not fit.
+    """
+    k_pages, v_pages, layer = _check_query_and_pools(q, k_pages, v_pages, layer, "num_tokens")
+    if block_tables.ndim != 2:
+        raise ValueError(f"block_tables: expected [num_seqs, max_blocks], got {block_tables.shape}")
+    num_seqs = block_tables.shape[0]
+    if context_lens.shape != (num_seqs,):
+        raise ValueError(f"context_lens: expected [num_seqs={num_seqs}], got {context_lens.shape}")
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"query_start_loc: expected [num_seqs + 1={num_seqs + 1}], got {query_start_loc.shape}")
+    check_int32(block_tables=block_tables, context_lens=context_lens, query_start_loc=query_start_loc)
+    return k_pages, v_pages, layer
+
+
+def token_positions(
+    query_start_loc: jax.Array,  # i32[S + 1]
+    context_lens: jax.Array,  # i32[S]
+    num_tokens: int,  # T
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # (i32[T], i32[T], bool[T])
+    """Map each query row of a prefill batch to its sequence and context position.
+
+    Sequence s owns rows `query_start_loc[s] : query_start_loc[s + 1]`, the last tokens of its
+    context.
+
+    Returns:
+      (seq_ids, positions, valid): each row's sequence, its position in that sequence's context,
+      and whether any sequence owns it (for rows owned by none, the seq id and position are
+      clamped into range but meaningless).
+    """
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
+    num_seqs = context_lens.shape[0]
+    # Row t belongs to the last sequence whose start is <= t; empty ranges are skipped by side="right".
+    seq_ids = jnp.searchsorted(query_start_loc, rows, side="right").astype(jnp.int32) - 1
+    seq_ids = jnp.clip(seq_ids, 0, num_seqs - 1)
+    start, end = query_start_loc[seq_ids], query_start_loc[seq_ids + 1]
+    valid = (rows >= start) & (rows < end)
+    positions = context_lens[seq_ids] - (end - start) + (rows - start)
+    return seq_ids, positions, valid
 
 
 def check_int32(**arrays: jax.Array) -> None:
@@ -137,7 +223,7 @@ def gather_pages(
     reshape), and the gather takes whole rows straight into the order the attention dots read
     (`head_axis`: where the KV-head axis goes among [Hkv, *I]). Indexing `pages[layer, :,
     block_ids]` instead gathers [*I, Hkv, Bs, D] and then transposes it: on XLA:CPU that fused
-    loop runs on one thread at about half the speed.
+    loop runs on one thread.
     """
     num_layers, num_kv_heads, num_blocks, block_size, head_dim = pages.shape
     rows = as_bits(pages).reshape(num_layers * num_kv_heads * num_blocks, block_size * head_dim)

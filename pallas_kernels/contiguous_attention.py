@@ -56,7 +56,18 @@ def contiguous_attention_reference(
     *,
     scale: float,
 ) -> jax.Array:  # [B, Hq, D]
-    """Plain-jnp masked softmax attention over a contiguous cache (the XLA path)."""
+    """Plain-jnp masked softmax attention over a contiguous cache; the oracle.
+
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k: [B, Hkv, L, D] each sequence's own K region.
+      v: [B, Hkv, L, D] its V region.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+    """
     _check_shapes(q, k, v, context_lens)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, max_len = k.shape[1], k.shape[2]
@@ -85,7 +96,19 @@ def contiguous_attention_xla(
     block_k: int = 64,
 ) -> jax.Array:  # [B, Hq, D]
     """XLA contiguous decode attention streamed over `block_k`-token slices, the same algorithm as
-    `paged_attention_xla` with slices in place of block-table gathers (the CPU baseline)."""
+    `paged_attention_xla` with slices in place of block-table gathers (the CPU baseline).
+
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k: [B, Hkv, L, D] each sequence's own K region.
+      v: [B, Hkv, L, D] its V region.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      scale: the softmax scale (1 / sqrt(D)).
+      block_k: key tokens per slice; L must be a multiple of it.
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+    """
     _check_shapes(q, k, v, context_lens)
     check_knob("block_k", block_k)
     batch, num_q_heads, head_dim = q.shape
@@ -151,9 +174,28 @@ def contiguous_attention(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [B, Hq, D]
-    """Pallas decode attention over a contiguous cache; `max_len` must be a multiple of `block_k`.
+    """Pallas decode attention over a contiguous cache; the reference's contract.
 
-    Knobs as `paged_attention`'s, launch shapes chosen and limits checked the same way.
+    Launch shapes are chosen and limits checked as `paged_attention`'s.
+
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k: [B, Hkv, L, D] each sequence's own K region.
+      v: [B, Hkv, L, D] its V region.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      scale: the softmax scale (1 / sqrt(D)).
+      block_k: key tokens per inner step (a power of two >= 16); L must be a multiple of it.
+      num_splits: context splits per (sequence, KV head); None: enough for two waves of the
+        target GPU.
+      num_warps: Triton's; None: from the tile (`launch`).
+      num_stages: Triton's software pipelining stages.
+      interpret: run the kernel in Pallas' interpreter (CPU).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+
+    Raises:
+      ValueError naming the first argument or knob that does not fit.
     """
     _check_shapes(q, k, v, context_lens)
     batch, num_q_heads, head_dim = q.shape

@@ -2,7 +2,7 @@
 
 On XLA:CPU a dot cannot read the KV pool through a block table: the XLA paths
 (`paged_attention_xla`, `paged_prefill_attention_xla`) gather every page into a copy and run
-small batched dots over it, and the copy is most of decode attention's time.
+small batched dots over it.
 `native/paged_attention_cpu.cc` reads each live K/V row where it lies in the pool (float32, or
 bfloat16 stored as uint16 bits), one query row at a time with a per-page online softmax in
 float32, spread over XLA's intra-op threads. Decode (`paged_attention_cpu`) and prefill
@@ -35,7 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.common import as_bits
+from pallas_kernels.common import (
+    as_bits,
+    check_decode_shapes,
+    check_prefill_shapes,
+    token_positions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +90,20 @@ def _build(compiler: str, source: Path, flags: tuple[str, ...], out: Path) -> No
 
 @functools.cache
 def load_ffi(source: Path, symbol: str, target: str, flags: tuple[str, ...] = FLAGS) -> str | None:
-    """Builds `source` (if not cached), loads it and registers its handler `symbol` as the CPU custom
-    call `target`; None, or why it is not available. Shared by every native CPU kernel."""
+    """Builds `source` (if not cached), loads it and registers its handler as a CPU custom call.
+
+    Shared by every native CPU kernel; cached per process, so each library loads once.
+
+    Args:
+      source: the C++ file.
+      symbol: the exported XLA FFI handler in it.
+      target: the custom call's name (`jax.ffi.ffi_call(target, ...)`).
+      flags: compiler flags (part of the cached library's name).
+
+    Returns:
+      None when registered, else why the kernel is not available (no compiler, build or load
+      failure, JPAGED_NATIVE_CPU=0).
+    """
     if os.environ.get("JPAGED_NATIVE_CPU", "1") == "0":
         return "JPAGED_NATIVE_CPU=0"
     compiler = _compiler()
@@ -105,12 +122,12 @@ def load_ffi(source: Path, symbol: str, target: str, flags: tuple[str, ...] = FL
 
 
 def available() -> bool:
-    """True when the native kernel is built and registered (and JAX runs on CPU)."""
+    """True when the native attention kernel is built and registered (and JAX runs on CPU)."""
     return unavailable_reason() is None
 
 
 def unavailable_reason() -> str | None:
-    """None when `available()`, else why not."""
+    """None when `available()`, else why not (builds and loads the kernel on first call)."""
     if jax.default_backend() != "cpu":
         return f"JAX runs on {jax.default_backend()}, not cpu"
     return load_ffi(SOURCE, "PagedAttentionCpu", TARGET)
@@ -143,11 +160,26 @@ def paged_attention_cpu(
     """Paged decode attention by the native kernel; the contract of `paged_attention_reference`.
 
     Pools of float32, or bfloat16 (as its uint16 bits, or bf16 itself: bitcast here, which on
-    XLA:CPU copies the pool; the engine stores bits). Accumulates in float32, returns q.dtype.
-    """
-    from pallas_kernels.paged_attention import _check_shapes  # imports this module: not at the top
+    XLA:CPU copies the pool; the engine stores bits).
 
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`; float32, bfloat16 or bfloat16's uint16 bits.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[B, M] each sequence's physical blocks, in order.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+
+    Raises:
+      RuntimeError when the kernel is unavailable here (`unavailable_reason`); ValueError naming
+      an argument that does not fit.
+    """
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     rows = jnp.arange(q.shape[0], dtype=jnp.int32)  # row b is sequence b and sees its whole context
     return _attend(q, k_pages, v_pages, block_tables, rows, context_lens, layer, scale)
 
@@ -165,10 +197,29 @@ def paged_prefill_attention_cpu(
     scale: float,
 ) -> jax.Array:  # [T, Hq, D]
     """Paged prefill attention by the native kernel; the contract of `paged_prefill_attention_reference`
-    (ragged query chunks, causal with the cached-context offset, rows of no sequence are zeros)."""
-    from pallas_kernels.paged_prefill import _check_shapes, token_positions  # as above
+    (ragged query chunks, causal with the cached-context offset).
 
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`; float32, bfloat16 or bfloat16's uint16 bits.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
+
+    Raises:
+      RuntimeError when the kernel is unavailable here (`unavailable_reason`); ValueError naming
+      an argument that does not fit.
+    """
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc,
+                                                   layer)
     seq_ids, positions, valid = token_positions(query_start_loc, context_lens, q.shape[0])  # [T] each
     # Causal: row t sees its sequence's tokens 0 .. positions[t] (never past the context).
     row_keys = jnp.where(valid, jnp.minimum(positions + 1, context_lens[seq_ids]), 0)

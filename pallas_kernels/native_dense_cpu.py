@@ -1,11 +1,11 @@
 """Native CPU dense layers: weights packed once into 16-column panels, multiplied by a C++ XLA FFI call.
 
-A decode step multiplies a few (8-64) activation rows by every weight matrix of the model, and on
-XLA:CPU those dots run 1.5-3x below a matmul on prepacked weights (docs/ARCHITECTURE.md, "CPU
-path"). `pack` lays a kernel W [K, N] out once (at model load, `jpaged.models.packed`) as
-contiguous 16-column panels; `matmul` computes x . W (+ bias) from them with
-`native/dense_cpu.cc`: float32 accumulation, a register tile of 8 rows x 3 panels, panels spread
-over XLA's intra-op threads. bfloat16 weights are packed in pairs along K, the operand layout of
+A decode step multiplies a few (8-64) activation rows by every weight matrix of the model, so it
+is bound by reading the weights: a matmul over weights prepacked once reads each as contiguous
+streams (docs/ARCHITECTURE.md, "CPU path"). `pack` lays a kernel W [K, N] out once (at model
+load, `jpaged.models.packed`) as contiguous 16-column panels; `matmul` computes x . W (+ bias)
+from them with `native/dense_cpu.cc`: float32 accumulation, a register tile of 8 rows x 3
+panels, panels spread over XLA's intra-op threads. bfloat16 weights are packed in pairs along K, the operand layout of
 AVX-512 BF16's `vdpbf16ps`, used where the CPU has it (the library is built with -march=native and
 cached per CPU); elsewhere the pairs are widened to float32 in registers. Oracle: `jnp.dot` in
 float32 (tests/pallas_kernels/test_native_dense_cpu.py). Built and loaded like the attention
@@ -34,7 +34,8 @@ PACKED_DTYPES = {jnp.dtype(jnp.float32): jnp.dtype(jnp.float32), jnp.dtype(jnp.b
 
 
 def unavailable_reason() -> str | None:
-    """None when the kernel is built and registered (and JAX runs on CPU), else why not."""
+    """None when the kernel is built and registered (and JAX runs on CPU), else why not (builds and
+    loads it on first call)."""
     if jax.default_backend() != "cpu":
         return f"JAX runs on {jax.default_backend()}, not cpu"
     return native_cpu.load_ffi(SOURCE, "DenseCpu", TARGET, FLAGS)
@@ -52,12 +53,21 @@ def is_packed(kernel: jax.Array) -> bool:
 
 @jax.jit
 def pack(kernel: jax.Array) -> jax.Array:
-    """W [K, N] -> its panels: float32 [P, K, 16], bfloat16 as uint16 bits [P, Kp/2, 16, 2].
+    """A dense layer's kernel as `matmul`'s 16-column panels (done once, at model load).
 
-    P = ceil(N / 16), Kp = K rounded up to a multiple of 32 (one AMX tile of K). Panel p holds
-    columns 16p .. 16p + 15, K-major, so the kernel reads each as one contiguous stream; bf16 panels
-    pair consecutive K rows per column (the bf16 dot instructions' operand order). Padding (columns
-    past N, rows past K) is zeros.
+    Panel p holds columns 16p .. 16p + 15, K-major, so the kernel reads each as one contiguous
+    stream; bf16 panels pair consecutive K rows per column (the bf16 dot instructions' operand
+    order). Padding (columns past N, rows past K) is zeros.
+
+    Args:
+      kernel: [K, N] float32 or bfloat16.
+
+    Returns:
+      float32 [P, K, 16], or for bfloat16 its uint16 bits [P, Kp/2, 16, 2]; P = ceil(N / 16),
+      Kp = K rounded up to a multiple of 32 (one AMX tile of K).
+
+    Raises:
+      ValueError for another rank or dtype.
     """
     if kernel.ndim != 2 or kernel.dtype not in PACKED_DTYPES:
         raise ValueError(f"kernel: expected a float32 or bfloat16 [K, N] matrix, got {kernel.dtype}{list(kernel.shape)}")
@@ -79,13 +89,25 @@ def packed_in_features(packed: jax.Array) -> int:
 @functools.partial(jax.jit, static_argnames=("out_features", "bf16_path"))
 def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, out_features: int,
            bf16_path: str = "auto") -> jax.Array:
-    """x [..., K] . W [K, N] (+ bias [N]) -> float32 [..., N], W given as `pack(W)`.
+    """x . W (+ bias) by the native kernel, W given as `pack(W)`.
 
-    The semantics of `layers.linear` (`nnx.Linear` with `preferred_element_type=float32`): x is
-    rounded to the weights' dtype, products are accumulated in float32, the bias (in the weights'
-    dtype) is added to the float32 sum. Only the summation order differs from XLA's dot.
-    bf16 weights take AMX where the CPU has it, else AVX-512 BF16, else widen to float32 in
-    registers; `bf16_path` ("avx512_bf16", "widen") caps that, so the tests run every path here.
+    The semantics of `nnx.Linear` with `preferred_element_type=float32` (the models' dense layers):
+    x is rounded to the weights' dtype, products are accumulated in float32, the bias (in the
+    weights' dtype) is added to the float32 sum. Only the summation order differs from XLA's dot.
+
+    Args:
+      x: [..., K] activations (any float dtype).
+      packed: `pack(W)` of W [K, N]: float32 [P, K, 16] or uint16 [P, Kp/2, 16, 2].
+      bias: [N] or None.
+      out_features: N (the panels pad it to a multiple of 16).
+      bf16_path: bf16 weights take AMX where the CPU has it, else AVX-512 BF16, else widen to
+        float32 in registers; "avx512_bf16" or "widen" caps that (so the tests run every path).
+
+    Returns:
+      float32 [..., N].
+
+    Raises:
+      RuntimeError when the kernel is unavailable here; ValueError for arguments that do not fit.
     """
     reason = unavailable_reason()
     if reason is not None:

@@ -13,14 +13,15 @@ over (sequence, KV head, split): one program serves all query heads of its KV he
 page is read once per group, and the context is split so that short batches still fill the GPU
 (by default into enough splits for two waves of the target GPU, `launch.choose_num_splits`).
 Without GQA the program holds a single query row and runs on the vector units; a dot would pad it
-to 16 rows and write 16x the partials. Each split keeps a flash-style running max / sum and writes an unnormalised partial output; the
-partials are combined after the kernel. Splits past a sequence's length run zero loop iterations.
+to 16 rows and write 16x the partials. Each split keeps a flash-style running max / sum and writes
+an unnormalised partial output; the partials are combined after the kernel. Splits past a
+sequence's length run zero loop iterations.
 
 `paged_attention_reference` is the plain-jnp gather + softmax, the oracle. `paged_attention_xla` is
 the XLA path: the same math streamed over chunks of the block table with an online softmax, so
-the gathered K/V never exist as a whole copy (the plain gather costs ~1.9x contiguous attention
-on CPU, the streamed one ~1x). On CPU the `cpu_native` backend's C++ kernel
-(`native_cpu.paged_attention_cpu`) reads the pages in place instead. `select_impl(backend)` picks.
+the gathered K/V never exist as a whole copy (each chunk stays in cache). On CPU the `cpu_native`
+backend's C++ kernel (`native_cpu.paged_attention_cpu`) reads the pages in place instead.
+`select_impl(backend)` picks.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM,
-    check_int32,
+    check_decode_shapes,
     check_knob,
-    check_query_and_pools,
     check_tile,
     combine_splits,
     decode_rows,
@@ -50,21 +50,6 @@ from pallas_kernels.common import (
     xla_softmax_step,
 )
 from pallas_kernels.targets import current_target
-
-
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer):
-    """Raise ValueError naming the first argument whose shape or dtype does not fit.
-
-    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
-    """
-    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "batch")
-    batch = q.shape[0]
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables: expected [batch={batch}, max_blocks], got {block_tables.shape}")
-    if context_lens.shape != (batch,):
-        raise ValueError(f"context_lens: expected [batch={batch}], got {context_lens.shape}")
-    check_int32(block_tables=block_tables, context_lens=context_lens)
-    return k_pages, v_pages, layer
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -80,9 +65,22 @@ def paged_attention_reference(
 ) -> jax.Array:  # [B, Hq, D]
     """Plain-jnp paged decode attention: gather each sequence's pages, masked softmax, P @ V.
 
-    Accumulates in float32 and returns `q.dtype`. Rows of sequences with `context_lens == 0` are 0.
+    The oracle of the other implementations.
+
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[B, M] each sequence's physical blocks, in order.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
     max_len = block_tables.shape[1] * block_size
@@ -120,8 +118,23 @@ def paged_attention_xla(
     block_k: int = 64,
 ) -> jax.Array:  # [B, Hq, D]
     """XLA paged decode attention: a scan over chunks of `block_k` tokens (rounded up to whole
-    blocks) of every block table, gathering one chunk at a time. Same contract as the reference."""
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    blocks) of every block table, gathering one chunk at a time. The reference's contract.
+
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[B, M] each sequence's physical blocks, in order.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_k: key tokens per chunk (rounded up to whole blocks).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+    """
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     check_knob("block_k", block_k)
     batch, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
@@ -202,15 +215,32 @@ def paged_attention(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [B, Hq, D]
-    """Pallas paged decode attention (see the module docstring); same contract as the reference.
+    """Pallas paged decode attention (see the module docstring); the reference's contract.
 
-    Knobs: `block_k` tokens per inner step (rounded up to whole blocks; a power of two >= 16),
-    `num_splits` context splits per (sequence, KV head) (None: enough for two waves of the target
-    GPU; capped by the number of steps), `num_warps` (None: from the tile, see `launch`) and
-    `num_stages` Triton's. Knobs beyond the target GPU's limits raise ValueError naming the knob.
-    `interpret=True` runs the kernel on CPU.
+    Args:
+      q: [B, Hq, D] one query token per sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[B, M] each sequence's physical blocks, in order.
+      context_lens: i32[B] tokens of each sequence (0: a padded sequence).
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_k: key tokens per inner step (rounded up to whole blocks; a power of two >= 16).
+      num_splits: context splits per (sequence, KV head); None: enough for two waves of the
+        target GPU. Capped by the number of steps.
+      num_warps: Triton's; None: from the tile (`launch`).
+      num_stages: Triton's software pipelining stages.
+      interpret: run the kernel in Pallas' interpreter (CPU).
+
+    Returns:
+      [B, Hq, D] in q.dtype (accumulated in float32); zeros for sequences of length 0.
+
+    Raises:
+      ValueError naming the first argument or knob that does not fit (shapes, Triton's tile rules,
+      the target GPU's limits).
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
+    k_pages, v_pages, layer = check_decode_shapes(q, k_pages, v_pages, block_tables, context_lens, layer)
     batch, num_q_heads, head_dim = q.shape
     num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     max_blocks = block_tables.shape[1]
@@ -270,10 +300,15 @@ IMPLS = {"xla": paged_attention_xla, "cpu_native": native_cpu.paged_attention_cp
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):
-    """The decode attention function for `backend` (a name from `pallas_kernels.backends`).
+    """The decode attention function for `backend`.
 
-    Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, layer=None, *, scale)`: `paged_attention_xla`, or a Pallas kernel with
-    `interpret` and its knobs bound.
+    Args:
+      backend: a name from `pallas_kernels.backends` ("auto", "xla", "cpu_native", "pallas", ...).
+      interpret: for a Pallas backend, run its kernel in the interpreter.
+      **knobs: for a Pallas backend, its tuning knobs (`paged_attention`'s keywords).
+
+    Returns:
+      A callable with the reference's signature `(q, k_pages, v_pages, block_tables,
+      context_lens, layer=None, *, scale) -> [B, Hq, D]`.
     """
     return bind_impl(IMPLS, backend, "paged decode attention", interpret=interpret, **knobs)

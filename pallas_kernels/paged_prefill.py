@@ -35,14 +35,14 @@ from pallas_kernels import launch, native_cpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM,
-    check_int32,
     check_knob,
-    check_query_and_pools,
+    check_prefill_shapes,
     check_tile,
     gather_pages,
     init_softmax_state,
     next_power_of_2,
     online_softmax_step,
+    token_positions,
     xla_softmax_finish,
     xla_softmax_init,
     xla_softmax_step,
@@ -52,40 +52,6 @@ from pallas_kernels.targets import current_target
 # Query rows (tokens x padded GQA group) per tile by default: long chunks re-read each sequence's
 # K/V once per tile, so larger tiles read less; 64 rows at block_k 64 compile without spills.
 DEFAULT_TILE_ROWS = 64
-
-
-def _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
-    """Raise ValueError naming the first argument whose shape or dtype does not fit.
-
-    Returns the pools as a layer stack `[L, Hkv, N, Bs, D]` and the layer index i32[].
-    """
-    k_pages, v_pages, layer = check_query_and_pools(q, k_pages, v_pages, layer, "num_tokens")
-    if block_tables.ndim != 2:
-        raise ValueError(f"block_tables: expected [num_seqs, max_blocks], got {block_tables.shape}")
-    num_seqs = block_tables.shape[0]
-    if context_lens.shape != (num_seqs,):
-        raise ValueError(f"context_lens: expected [num_seqs={num_seqs}], got {context_lens.shape}")
-    if query_start_loc.shape != (num_seqs + 1,):
-        raise ValueError(f"query_start_loc: expected [num_seqs + 1={num_seqs + 1}], got {query_start_loc.shape}")
-    check_int32(block_tables=block_tables, context_lens=context_lens, query_start_loc=query_start_loc)
-    return k_pages, v_pages, layer
-
-
-def token_positions(query_start_loc: jax.Array, context_lens: jax.Array, num_tokens: int):
-    """Map each query row to its sequence and context position.
-
-    Returns `(seq_ids i32[T], positions i32[T], valid bool[T])`; rows owned by no sequence have
-    `valid == False` (their seq id and position are clamped into range but meaningless).
-    """
-    rows = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
-    num_seqs = context_lens.shape[0]
-    # Row t belongs to the last sequence whose start is <= t; empty ranges are skipped by side="right".
-    seq_ids = jnp.searchsorted(query_start_loc, rows, side="right").astype(jnp.int32) - 1
-    seq_ids = jnp.clip(seq_ids, 0, num_seqs - 1)
-    start, end = query_start_loc[seq_ids], query_start_loc[seq_ids + 1]
-    valid = (rows >= start) & (rows < end)
-    positions = context_lens[seq_ids] - (end - start) + (rows - start)
-    return seq_ids, positions, valid
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -100,12 +66,27 @@ def paged_prefill_attention_reference(
     *,
     scale: float,
 ) -> jax.Array:  # [T, Hq, D]
-    """Plain-jnp paged prefill attention, causal with the cached-context offset.
+    """Plain-jnp paged prefill attention, causal with the cached-context offset; the oracle.
 
     Scans over sequences so memory stays at one sequence's `[T, Hq, L]` scores; each step fills the
-    rows that sequence owns. Accumulates in float32 and returns `q.dtype`.
+    rows that sequence owns.
+
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
@@ -151,7 +132,7 @@ def paged_prefill_attention_xla(
     scale: float,
     block_q: int = 32,
     # 4 x 16-token pages: each chunk's gathered K/V of all tiles ([NT, Hkv, C, D]) then stays near
-    # cache size; 8 pages took 1.78x the CPU time of 4 on serve_real's first prefill (opt-125m, T=2048).
+    # cache size (larger chunks leave the cache).
     pages_per_chunk: int = 4,
 ) -> jax.Array:  # [T, Hq, D]
     """The XLA path of paged prefill (CPU): query tiles of one sequence each, keys streamed in chunks.
@@ -159,8 +140,25 @@ def paged_prefill_attention_xla(
     The same tile plan as the Pallas kernel, vectorised: every tile attends to its sequence's pages
     chunk by chunk with an online softmax, so work is ~ tiles x context rather than the
     reference's sequences x all tokens x context, and no sequence's gathered K/V exists whole.
+
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_q: query tokens per tile (fewer for a batch of fewer tokens).
+      pages_per_chunk: blocks of keys per streamed chunk.
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     check_knob("block_q", block_q)
     check_knob("pages_per_chunk", pages_per_chunk)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -275,15 +273,35 @@ def paged_prefill_attention(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, D]
-    """Pallas paged prefill attention (see the module docstring); same contract as the reference.
+    """Pallas paged prefill attention (see the module docstring); the reference's contract.
 
-    Knobs: `block_q` query tokens per tile (power of two; `block_q * Gp` rows must be >= 16, where
-    Gp is the GQA group padded to a power of two; None: DEFAULT_TILE_ROWS rows, fewer for a batch
-    with fewer tokens), `block_k` key tokens per inner step (rounded up to whole blocks; a power of
-    two >= 16), `num_warps` (None: from the tile, see `launch`) and `num_stages` Triton's. Knobs
-    beyond the target GPU's limits raise ValueError naming the knob.
+    Args:
+      q: [T, Hq, D] the batch's query tokens, sequence by sequence; Hq a multiple of Hkv.
+      k_pages: [Hkv, N, Bs, D] one layer's K pool, or [L, Hkv, N, Bs, D] a layer stack read at
+        `layer`.
+      v_pages: the V pool, shaped like `k_pages`.
+      block_tables: i32[S, M] each sequence's physical blocks, in order.
+      context_lens: i32[S] tokens of each sequence, its query tokens included (0: padding).
+      query_start_loc: i32[S + 1] sequence s owns query rows [query_start_loc[s],
+        query_start_loc[s + 1]), the last tokens of its context.
+      layer: i32[] the layer of a stacked pool to read; None with a single layer.
+      scale: the softmax scale (1 / sqrt(D)).
+      block_q: query tokens per tile, a power of two; `block_q * Gp` rows (Gp: the GQA group
+        padded to a power of two) must be >= 16. None: DEFAULT_TILE_ROWS rows, fewer for a batch
+        of fewer tokens.
+      block_k: key tokens per inner step (rounded up to whole blocks; a power of two >= 16).
+      num_warps: Triton's; None: from the tile (`launch`).
+      num_stages: Triton's software pipelining stages.
+      interpret: run the kernel in Pallas' interpreter (CPU).
+
+    Returns:
+      [T, Hq, D] in q.dtype (accumulated in float32); zeros for rows no sequence owns.
+
+    Raises:
+      ValueError naming the first argument or knob that does not fit (shapes, Triton's tile rules,
+      the target GPU's limits).
     """
-    k_pages, v_pages, layer = _check_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
+    k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
     num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
     num_seqs, max_blocks = block_tables.shape
@@ -359,9 +377,15 @@ IMPLS = {"xla": paged_prefill_attention_xla, "cpu_native": native_cpu.paged_pref
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):
-    """The prefill attention function for `backend` (a name from `pallas_kernels.backends`).
+    """The prefill attention function for `backend`.
 
-    Returns a callable with the reference's signature `(q, k_pages, v_pages, block_tables,
-    context_lens, query_start_loc, layer=None, *, scale)`; Pallas knobs and `interpret` are bound here.
+    Args:
+      backend: a name from `pallas_kernels.backends` ("auto", "xla", "cpu_native", "pallas", ...).
+      interpret: for a Pallas backend, run its kernel in the interpreter.
+      **knobs: for a Pallas backend, its tuning knobs (`paged_prefill_attention`'s keywords).
+
+    Returns:
+      A callable with the reference's signature `(q, k_pages, v_pages, block_tables,
+      context_lens, query_start_loc, layer=None, *, scale) -> [T, Hq, D]`.
     """
     return bind_impl(IMPLS, backend, "paged prefill attention", interpret=interpret, **knobs)

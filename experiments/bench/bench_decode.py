@@ -8,8 +8,8 @@ it, including the host cost of handing the step arrays and the parameter tree to
 
     python -m experiments.bench_decode --config configs/bench_decode.yaml
 
-Uses only the ModelRunner / load_params / build_step_arrays API, so it also runs against an older
-checkout (PYTHONPATH) for A/B comparisons.
+Uses only the ModelRunner / load_params / StepPlan.from_contexts API, so it also runs against an
+older checkout that has them (PYTHONPATH) for A/B comparisons.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import ModelConfig
+from jpaged.core.step_plan import StepPlan
 from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import build_step_arrays, scattered_tables
+from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -65,13 +66,15 @@ def bench_model(config: BenchDecodeConfig, name: str) -> dict:
     num_blocks = config.num_seqs * blocks_per_seq + 1
     tables = scattered_tables(rng, [blocks_per_seq] * config.num_seqs, num_blocks)
     contexts = [rng.integers(1, spec.vocab_size, config.context_len).tolist() for _ in range(config.num_seqs)]
-    arrays = build_step_arrays(contexts, [1] * config.num_seqs, tables, config.block_size)
+    # Exactly num_seqs rows, unpadded: the batch the config asks for.
+    plan = StepPlan.from_contexts(contexts, [1] * config.num_seqs, tables, config.block_size,
+                                  shape=(config.num_seqs, config.num_seqs, blocks_per_seq))
     runner = ModelRunner(spec, params, block_size=config.block_size, attention_backend=config.attention_backend)
     pool = init_kv_pool(spec, num_blocks, config.block_size, params["embed"]["embedding"].dtype)
     wall, cpu = [], []
     for step in tqdm(range(config.warmup_steps + config.steps + 1), desc=f"decode {name}", mininterval=2.0):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        logits, pool = runner.decode(pool, arrays)
+        logits, pool = runner.decode(pool, plan)
         logits.block_until_ready()
         if step > config.warmup_steps:  # step 0 compiles
             wall.append(time.perf_counter() - start_wall)

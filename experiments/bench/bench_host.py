@@ -66,9 +66,10 @@ class NullExecutor:
         """Returns at once."""
         rows = plan.sampling
         if rows is None:
-            return ModelOutput([], None, None, None, 0.0)
+            return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         top_ids, top_logprobs = synthetic_candidates(rows) if rows.num_top else (None, None)
-        return ModelOutput([SIMULATED_TOKEN] * len(rows.seqs), None, top_ids, top_logprobs, 0.0)
+        return ModelOutput(token_ids=[SIMULATED_TOKEN] * len(rows.seqs), logprobs=None, top_ids=top_ids,
+                           top_logprobs=top_logprobs, duration=0.0)
 
     def now(self) -> float:
         """A clock that never moves: the whole trace arrives at time 0."""

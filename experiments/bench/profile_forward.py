@@ -41,12 +41,12 @@ import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import ModelConfig
-from jpaged.core.step_plan import SamplingBatch
+from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.executors.sampling import sample
 from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.models.paged_batch import build_step_arrays, scattered_tables
-from jpaged.models.runner import ModelRunner, step_arrays
+from jpaged.models.paged_batch import scattered_tables
+from jpaged.models.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -113,13 +113,13 @@ def _greedy_batch(rows: int) -> SamplingBatch:
                          position=zeros)
 
 
-def profile_case(runner: ModelRunner, pool, arrays: dict, num_seqs: int, steps: int) -> tuple[dict, object]:
+def profile_case(runner: ModelRunner, pool, plan: StepPlan, num_seqs: int, steps: int) -> tuple[dict, object]:
     """Times and traces `steps` steps (+ greedy sampling) of one shape; returns (case result, pool)."""
-    step = runner.decode if int(np.max(np.diff(arrays["query_start_loc"]))) == 1 else runner.prefill
+    step = runner.decode if plan.max_query_len == 1 else runner.prefill
     batch = _greedy_batch(num_seqs)
 
     def one_step(pool):
-        logits, pool = step(pool, arrays)
+        logits, pool = step(pool, plan)
         sample(logits, batch)  # waits for the tokens, as the executor does
         return pool
 
@@ -131,7 +131,7 @@ def profile_case(runner: ModelRunner, pool, arrays: dict, num_seqs: int, steps: 
             wall.append(time.perf_counter() - start_wall)
             cpu.append(time.process_time() - start_cpu)
     fn = runner._decode if step == runner.decode else runner._prefill
-    parts = {"jit__step": op_parts(fn.lower(runner.params, pool, **step_arrays(arrays)).compile().as_text())}
+    parts = {"jit__step": op_parts(fn.lower(runner.params, pool, **plan.device_arrays()).compile().as_text())}
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
             for _ in range(steps):
@@ -160,13 +160,17 @@ def profile_case(runner: ModelRunner, pool, arrays: dict, num_seqs: int, steps: 
     return result, pool
 
 
-def _case_arrays(spec, config: ProfileForwardConfig, num_seqs: int, context_len: int, num_query: int):
+def _case_plan(spec, config: ProfileForwardConfig, num_seqs: int, context_len: int,
+               num_query: int) -> tuple[StepPlan, int]:
+    """(an unpadded plan of `num_seqs` sequences of `context_len` tokens computing their last
+    `num_query` over scattered blocks, the pool's block count)."""
     rng = np.random.default_rng(config.seed)
     blocks_per_seq = -(-context_len // config.block_size)
     num_blocks = num_seqs * blocks_per_seq + 1
     tables = scattered_tables(rng, [blocks_per_seq] * num_seqs, num_blocks)
     contexts = [rng.integers(1, spec.vocab_size, context_len).tolist() for _ in range(num_seqs)]
-    return build_step_arrays(contexts, [num_query] * num_seqs, tables, config.block_size), num_blocks
+    shape = (num_seqs * num_query, num_seqs, blocks_per_seq)
+    return StepPlan.from_contexts(contexts, [num_query] * num_seqs, tables, config.block_size, shape=shape), num_blocks
 
 
 def run(config: ProfileForwardConfig) -> dict:
@@ -179,13 +183,13 @@ def run(config: ProfileForwardConfig) -> dict:
     for per_layer in config.per_layer_weights:
         layout = "per_layer" if per_layer else "stacked"
         for kind, num_seqs, context_len, num_query in shapes:
-            arrays, num_blocks = _case_arrays(spec, config, num_seqs, context_len, num_query)
+            plan, num_blocks = _case_plan(spec, config, num_seqs, context_len, num_query)
             runner = ModelRunner(spec, params, block_size=config.block_size,
                                  attention_backend=config.model.attention_backend, per_layer_weights=per_layer)
             # Stored as the engine stores it (bfloat16 as its bits on CPU, kv_pool.storage_dtype).
             pool = init_kv_pool(spec, num_blocks, config.block_size,
                                 storage_dtype(dtype, attention_backend=runner.backend))  # "auto" resolved
-            result, _ = profile_case(runner, pool, arrays, num_seqs, config.steps)
+            result, _ = profile_case(runner, pool, plan, num_seqs, config.steps)
             case = {"layout": layout, "kind": kind, "num_seqs": num_seqs, "context_len": context_len,
                     "query_tokens": num_seqs * num_query, **result, "load_average": os.getloadavg()}
             cases.append(case)

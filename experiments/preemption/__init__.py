@@ -30,7 +30,7 @@ from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
-from jpaged.core.step_plan import StepPlan, pairs_array
+from jpaged.core.step_plan import StepPlan
 from jpaged.engine import LLMEngine
 from jpaged.paper.sim.cost_model import CostModel
 from jpaged.paper.sim.gpus import get_gpu
@@ -77,13 +77,6 @@ class PreemptionConfig:
                              f"got {self.kv_slots}, {self.request_rate}")
 
 
-def _block_op_plan(swap_out: list[tuple[int, int]] = (), swap_in: list[tuple[int, int]] = ()) -> StepPlan:
-    """A plan with no sequences: only block copies between the pools."""
-    z = np.zeros(8, np.int32)
-    return StepPlan(0, 0, 0, z, z, z, np.zeros(9, np.int32), z, np.zeros((8, 1), np.int32), z,
-                    swap_out_pairs=pairs_array(list(swap_out)), swap_in_pairs=pairs_array(list(swap_in)))
-
-
 def _min_time(fn, repeats: int) -> float:
     """Seconds: fn() once to warm up (compile), then the minimum of `repeats` timed calls."""
     fn()
@@ -109,8 +102,8 @@ def measure_real(config: PreemptionConfig, block_size: int) -> dict:
     executor = engine.executor
     out_pairs = [(1 + i, i) for i in range(n)]  # device block -> host block
     in_pairs = [(i, 1 + i) for i in range(n)]
-    swap_out = _min_time(lambda: executor.execute(_block_op_plan(swap_out=out_pairs)), config.repeats)
-    swap_in = _min_time(lambda: executor.execute(_block_op_plan(swap_in=in_pairs)), config.repeats)
+    swap_out = _min_time(lambda: executor.execute(StepPlan.block_ops_only(swap_out=out_pairs)), config.repeats)
+    swap_in = _min_time(lambda: executor.execute(StepPlan.block_ops_only(swap_in=in_pairs)), config.repeats)
     prompt = np.random.default_rng(0).integers(4, executor.vocab_size, config.seq_len).tolist()
     # A recompute is one prefill of all the sequence's tokens (its prompt plus what it generated):
     # one engine step that admits the sequence, prefills it and samples one token.

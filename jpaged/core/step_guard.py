@@ -32,8 +32,10 @@ def _subset(rows: SampleRows, keep: list[int]) -> SampleRows:
     """The sample rows `keep` of `rows` (a new SampleRows; its batch is built afresh)."""
     seqs = [rows.seqs[r] for r in keep]
     groups = {id(s.group) for s in seqs}
-    return SampleRows(seqs, rows.logits_rows[keep], None if rows.indices is None else [rows.indices[r] for r in keep],
-                      rows.num_top, rows.is_plain, [g for g in rows.first_token_groups if id(g) in groups])
+    return SampleRows(seqs=seqs, logits_rows=rows.logits_rows[keep],
+                      indices=None if rows.indices is None else [rows.indices[r] for r in keep],
+                      num_top=rows.num_top, is_plain=rows.is_plain,
+                      first_token_groups=[g for g in rows.first_token_groups if id(g) in groups])
 
 
 def failing_groups(rows: SampleRows) -> dict[SequenceGroup, str]:

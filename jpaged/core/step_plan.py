@@ -26,7 +26,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from jpaged.core.padding import bucket, table_width, token_bucket
+from jpaged.core.padding import bucket, token_bucket
 
 if TYPE_CHECKING:
     from jpaged.core.sequence import Sequence
@@ -136,8 +136,9 @@ class StepPlan:
         """A plan in which sequence s computes the last `num_query[s]` tokens of `contexts[s]`,
         its K/V written through and read from `tables[s]` (physical block ids covering its whole
         context); nobody samples. `shape` (T, S, M) pads to exact sizes; None pads as the
-        scheduler does (`jpaged.core.padding`). For benchmarks, tests and tools: the scheduler's
-        hot path has its own builder."""
+        scheduler does (`jpaged.core.padding`: T and S to their buckets, M to the bucket of the
+        longest table, as under a max_model_len that does not cap it). For benchmarks, tests and
+        tools: the scheduler's hot path has its own builder."""
         n = len(contexts)
         if n == 0 or len(num_query) != n or len(tables) != n:
             raise ValueError(f"contexts, num_query, tables: need as many of each, at least one "
@@ -148,7 +149,7 @@ class StepPlan:
                                  f"<= table capacity ({len(table) * block_size})")
         total, longest, width = sum(num_query), max(num_query), max(len(t) for t in tables)
         if shape is None:
-            shape = (token_bucket(total, n, longest), bucket(n), table_width(width, width))
+            shape = (token_bucket(total, n, longest), bucket(n), bucket(width))
         size_t, size_s, size_m = shape
         if size_t < total or size_s < n or size_m < width or (longest == 1 and size_t != size_s):
             raise ValueError(f"shape: (T, S, M) = {shape} must hold {total} tokens, {n} sequences and {width} "

@@ -140,14 +140,15 @@ class JaxExecutor:
             pairs = np.zeros((bucket(len(plan.copy_pairs), minimum=4), 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
-        output = ModelOutput([], None, None, None, 0.0)
+        output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if plan.num_seqs:
             step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
             logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # logits stay on device
             self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
             if batch is not None:
                 sampled = sample(logits, batch)
-                output = ModelOutput(sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs, 0.0)
+                output = ModelOutput(token_ids=sampled.token_ids, logprobs=sampled.logprobs, top_ids=sampled.top_ids,
+                                     top_logprobs=sampled.top_logprobs, duration=0.0)
             else:  # only prompt chunks that do not reach their ends: nothing to sample
                 logits.block_until_ready()
         self.kv_pool = (k_pool, v_pool)

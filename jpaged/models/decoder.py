@@ -10,14 +10,14 @@ Outside the module, parameters are its Flax state as a pure dict (`nnx.to_pure_d
 `params["layers"]["q"]["kernel"]` f32[L, H, Hq * D]: the tree orbax checkpoints and the Hugging Face
 import write, and what jitted steps take. A jitted step is a pure function of that state: it
 rebuilds the module with `nnx.merge(graphdef, params)` while tracing (as Flax's gemma sampler does).
-Pure dicts rather than `nnx.State` cross the jit boundary because jit flattens them in C++, about
-five times faster per call than State's Variable nodes.
+Pure dicts rather than `nnx.State` cross the jit boundary because jit flattens them in C++, not
+through State's Variable nodes.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,6 @@ from flax import nnx
 from jpaged.config.presets import OPT_POSITION_OFFSET, ModelSpec
 from jpaged.models import layers
 from jpaged.models.layers import Attend
-from pallas_kernels import native_dense_cpu
 
 Params = dict[str, Any]  # the pure-dict Flax state of a CausalLM
 
@@ -73,7 +72,7 @@ class CausalLM(nnx.Module):
         layer index to find its part. With `blocks` (one `Block` per layer, each over its own
         buffers, see `unstack_layers`) the layers run one after another instead, unrolled in the
         trace: a scan slices layer i out of every stacked weight, which XLA:CPU does as a copy
-        (the whole model's weights copied once per step, 55% of a batch-1 decode step).
+        (the whole model's weights copied once per step).
         """
         if blocks is not None:
             for i, block in enumerate(blocks):
@@ -87,18 +86,19 @@ class CausalLM(nnx.Module):
 
         return scan_blocks((h, cache), self.layers, jnp.arange(self.spec.num_layers, dtype=jnp.int32))
 
-    def logits(self, h: jax.Array, packed_head: jax.Array | None = None) -> jax.Array:
+    def logits(self, h: jax.Array, head: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
         """Final norm and LM head: h [..., H] -> float32 logits [..., V].
 
-        `packed_head`: the tied head's panels (`jpaged.models.packed`), multiplied by the native
-        CPU kernel instead of XLA's dot over the embedding; same semantics.
+        `head`, when given, is the LM head's multiply in place of the module's own, with its
+        semantics (h [..., H] -> float32 [..., V]): the runner passes one over its own copy of a
+        tied head's weights (`jpaged.models.packed`).
         """
         with jax.named_scope("lm_head"):
             h = self.final_norm(h)
+            if head is not None:
+                return head(h)
             if not self.spec.tie_word_embeddings:
                 return self.lm_head(h)  # float32 out (layers.linear)
-            if packed_head is not None:
-                return native_dense_cpu.matmul(h, packed_head, out_features=self.spec.vocab_size)
             # Tied: h [..., H] . embedding [V, H]^T in the weights' dtype, accumulated in float32
             # (`nnx.Embed.attend` would promote the embedding to h's float32 every step).
             table = self.embed.embedding[...]
@@ -160,18 +160,20 @@ def unstack_layers(params: Params) -> list[Params]:
     return jax.jit(lambda tree: [jax.tree.map(lambda x: x[i], tree) for i in range(num_layers)])(stacked)
 
 
-def merge_unstacked(spec: ModelSpec, params: Params) -> tuple[CausalLM, list[layers.Block]]:
+def merge_unstacked(spec: ModelSpec, params: Params, graphdefs: tuple[nnx.GraphDef, nnx.GraphDef] | None = None,
+                    ) -> tuple[CausalLM, list[layers.Block]]:
     """(the module, its blocks) over `params` whose "layers" entry is `unstack_layers`' list.
 
     The module's own stacked `layers` hold abstract shapes only: run it with
-    `run_layers(..., blocks=blocks)`, which never touches them.
+    `run_layers(..., blocks=blocks)`, which never touches them. `graphdefs`: the (module, block)
+    graphdefs to merge into; default `abstract_model`'s and `abstract_block`'s (the runner's
+    packed weights come with their own, `jpaged.models.packed.graphdefs`).
     """
     dtype = params_dtype(params)
-    per_layer = params["layers"]
+    model_def, block_def = graphdefs or (abstract_model(spec, dtype)[0], abstract_block(spec, dtype))
     stacked = param_shapes(spec, dtype)["layers"]  # placeholders, never computed with
-    model = nnx.merge(abstract_model(spec, dtype)[0], {**params, "layers": stacked})
-    block_def = abstract_block(spec, dtype)
-    return model, [nnx.merge(block_def, layer) for layer in per_layer]
+    model = nnx.merge(model_def, {**params, "layers": stacked})
+    return model, [nnx.merge(block_def, layer) for layer in params["layers"]]
 
 
 def param_shapes(spec: ModelSpec, dtype: Any = jnp.float32) -> Params:

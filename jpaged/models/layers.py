@@ -19,7 +19,6 @@ import numpy as np
 from flax import nnx
 
 from jpaged.config.presets import ModelSpec
-from pallas_kernels import native_dense_cpu
 
 # attend(cache, layer_index, q [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) -> (out [..., Hq, D], cache)
 Attend = Callable[[Any, jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
@@ -33,21 +32,8 @@ def axes(*names: str | None) -> dict[str, Any]:
     return {"out_sharding": names, "eager_sharding": False}
 
 
-class Linear(nnx.Linear):
-    """`nnx.Linear`, or (when its kernel holds `native_dense_cpu.pack`'s panels instead of [K, N],
-    as `jpaged.models.packed` lays it out for the CPU step) the native CPU kernel, same semantics."""
-
-    def __call__(self, inputs: jax.Array) -> jax.Array:
-        """inputs [..., K] -> float32 [..., N]."""
-        kernel = self.kernel[...]
-        if not native_dense_cpu.is_packed(kernel):
-            return super().__call__(inputs)
-        bias = self.bias[...] if self.bias is not None else None
-        return native_dense_cpu.matmul(inputs, kernel, bias, out_features=self.out_features)
-
-
 def linear(d_in: int, d_out: int, in_axis: str, out_axis: str, *, bias: bool, dtype: Any,
-           rngs: nnx.Rngs) -> Linear:
+           rngs: nnx.Rngs) -> nnx.Linear:
     """x [..., d_in] @ kernel [d_in, d_out] (+ bias [d_out]), axes named for tensor parallelism.
 
     The dot reads both operands in the parameter dtype (x is cast to it, the kernel never is) and
@@ -55,7 +41,7 @@ def linear(d_in: int, d_out: int, in_axis: str, out_axis: str, *, bias: bool, dt
     (XLA:CPU's YNNPACK dots take bf16 operands with f32 output; converting the kernel to float32
     instead would convert every weight in every step), while the residual stream stays float32.
     """
-    return Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
+    return nnx.Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=dtype,
                   preferred_element_type=jnp.float32, kernel_init=WEIGHT_INIT, rngs=rngs,
                   kernel_metadata=axes(in_axis, out_axis), bias_metadata=axes(out_axis))
 

@@ -1,26 +1,48 @@
 """Dense weights packed once for the native CPU matrix multiply (pallas_kernels.native_dense_cpu).
 
-`ModelRunner` calls `pack_dense` on its per-layer copy of the weights when the CPU native backend
-is active (`native_dense_reason` says when it is not): every `layers.Linear` kernel [K, N] in the
-tree is replaced by its 16-column panels, so that layer calls the native kernel
-(`layers.Linear.__call__` sees a packed kernel), and a tied LM head gets a packed copy of the
-embedding's transpose under `HEAD` (the embedding itself stays: the token lookup reads it). The
-tree's names are unchanged; only the runner ever holds it (checkpoints keep the plain layout).
+The model's modules are plain Flax: their dense layers are `nnx.Linear`s. When the CPU native
+backend is active (`native_dense_reason` says when it is not), `ModelRunner` packs its per-layer
+copy of the weights with `pack_dense`: every dense kernel [K, N] in the tree is replaced by its
+16-column panels, and a tied LM head gets a packed copy of the embedding's transpose under `HEAD`
+(the embedding itself stays: the token lookup reads it). The tree's names are unchanged, and the
+runner merges it into `graphdefs`, the model's and a block's graphdefs with every `nnx.Linear`
+replaced by a `PackedLinear` (same state names, the same semantics by the native kernel), and
+gives the tied head to `CausalLM.logits` as a `PackedLinear` (`split_head`). Only the runner ever
+holds packed weights (checkpoints keep the plain layout).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jpaged.config.presets import ModelSpec
+from jpaged.models import decoder, layers
 from pallas_kernels import native_dense_cpu
 
 Params = dict[str, Any]
 HEAD = "packed_head"  # the runner's params key of the tied head's panels: pack(embedding.T)
 DTYPES = ("float32", "bfloat16")  # what `native_dense_cpu.pack` takes
+
+
+class PackedLinear(nnx.Module):
+    """A dense layer over `native_dense_cpu.pack`'s panels: an `nnx.Linear` of the model
+    (`layers.linear`: x rounded to the weights' dtype, float32 accumulation and output) computed by
+    the native CPU kernel. Its state has the Linear's names: `kernel` (the panels), `bias`."""
+
+    def __init__(self, kernel: jax.Array, bias: jax.Array | None, out_features: int):
+        self.kernel = nnx.Param(kernel)  # float32 [P, K, 16] or uint16 [P, Kp/2, 16, 2] (`pack`)
+        self.bias = nnx.Param(bias) if bias is not None else None  # [N]
+        self.out_features = out_features  # N
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        """inputs [..., K] -> float32 [..., N]."""
+        bias = self.bias[...] if self.bias is not None else None
+        return native_dense_cpu.matmul(inputs, self.kernel[...], bias, out_features=self.out_features)
 
 
 def native_dense_reason(params: Params) -> str | None:
@@ -52,9 +74,30 @@ def pack_dense(spec: ModelSpec, params: Params) -> Params:
     return out
 
 
-def split_head(params: Params) -> tuple[Params, jax.Array | None]:
-    """(the module's own tree, the tied head's panels or None): what `nnx.merge` takes, and the rest."""
+def _with_packed_linears(module: nnx.Module) -> nnx.Module:
+    """`module` with each of its own `nnx.Linear` attributes replaced by a PackedLinear (not nested
+    ones: a model's stacked layers stay, the per-layer blocks are merged separately)."""
+    for name, child in list(vars(module).items()):
+        if isinstance(child, nnx.Linear):
+            bias = child.bias[...] if child.bias is not None else None
+            setattr(module, name, PackedLinear(native_dense_cpu.pack(child.kernel[...]), bias, child.out_features))
+    return module
+
+
+@functools.lru_cache(maxsize=64)
+def graphdefs(spec: ModelSpec, dtype: Any) -> tuple[nnx.GraphDef, nnx.GraphDef]:
+    """(model, block) graphdefs for `decoder.merge_unstacked` over `pack_dense`'s tree: those of
+    `decoder.CausalLM` and `layers.Block` in `dtype`, their dense layers PackedLinears."""
+    dtype = jnp.dtype(dtype)
+    model = nnx.eval_shape(lambda: _with_packed_linears(decoder.CausalLM(spec, dtype=dtype, rngs=nnx.Rngs(0))))
+    block = nnx.eval_shape(lambda: _with_packed_linears(layers.Block(spec, dtype=dtype, rngs=nnx.Rngs(0))))
+    return nnx.graphdef(model), nnx.graphdef(block)
+
+
+def split_head(spec: ModelSpec, params: Params) -> tuple[Params, PackedLinear | None]:
+    """(the module's own tree, the tied head over its panels or None): what `nnx.merge` takes, and
+    the `head` for `CausalLM.logits`."""
     if HEAD not in params:
         return params, None
     rest = dict(params)
-    return rest, rest.pop(HEAD)
+    return rest, PackedLinear(rest.pop(HEAD), None, spec.vocab_size)

@@ -1,5 +1,9 @@
 """ModelRunner: the jitted paged step, `step(params, kv_pool, plan arrays) -> (logits, kv_pool)`.
 
+A step's input is a `StepPlan` (jpaged.core.step_plan), whose device arrays
+(`StepPlan.DEVICE_ARRAYS`) go to the jitted step: the scheduler builds plans, benchmarks and tests
+build them with `StepPlan.from_contexts`.
+
 The step is a pure function of the model's Flax state (`params`, a pure dict; the module is
 rebuilt with `nnx.merge` while tracing) and of the pool, which goes in donated and comes back.
 
@@ -15,7 +19,7 @@ serving does not recompile.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -23,25 +27,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jpaged.config.presets import ModelSpec
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder, layers, packed, parallel
 from jpaged.models.kv_pool import KVPool
 from pallas_kernels import cache_ops, paged_attention, paged_prefill
-from pallas_kernels.common import resolve_backend
-
-STEP_ARRAYS = ("token_ids", "positions", "slot_mapping", "block_tables", "context_lens",
-               "query_start_loc", "logits_indices")
-
-
-def step_arrays(plan: Any) -> dict[str, np.ndarray]:
-    """The seven int32 arrays of a step from a StepPlan (attributes) or a mapping with those keys."""
-    get = plan.__getitem__ if isinstance(plan, Mapping) else functools.partial(getattr, plan)
-    out = {}
-    for name in STEP_ARRAYS:
-        arr = np.asarray(get(name))
-        if arr.dtype != np.int32:
-            raise ValueError(f"{name}: expected int32, got {arr.dtype}")
-        out[name] = arr
-    return out
+from pallas_kernels.backends import resolve_backend
 
 
 def _without_query_ranges(decode_attn: Callable) -> Callable:
@@ -104,7 +94,10 @@ class ModelRunner:
         if native_dense and (reason := packed.native_dense_reason(params)) is not None:
             raise ValueError(f"native_dense: unavailable here ({reason})")
         self.native_dense = native_dense
+        # The model's graphdefs with their dense layers over packed weights (None: the model's own).
+        self._graphdefs = None
         if native_dense:
+            self._graphdefs = packed.graphdefs(spec, decoder.params_dtype(params))
             self.params = packed.pack_dense(spec, self.params)
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
@@ -124,7 +117,7 @@ class ModelRunner:
             steps.append(jax.jit(functools.partial(self._step, attend), **jit_kwargs))
         self._decode, self._prefill = steps
 
-    def prefill(self, kv_pool: KVPool, plan: Any) -> tuple[jax.Array, KVPool]:
+    def prefill(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Prefill-shaped step: returns (float32 logits [S, vocab] at `logits_indices`, updated pool).
 
         The pool passed in is donated: use only the returned one.
@@ -132,7 +125,7 @@ class ModelRunner:
         arrays = self._checked(kv_pool, plan)
         return self._prefill(self.params, kv_pool, **arrays)
 
-    def decode(self, kv_pool: KVPool, plan: Any) -> tuple[jax.Array, KVPool]:
+    def decode(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Decode-shaped step (one token per sequence, T == S): (logits [S, vocab], updated pool)."""
         arrays = self._checked(kv_pool, plan)
         num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
@@ -141,14 +134,17 @@ class ModelRunner:
                              f"S={num_seqs}")
         return self._decode(self.params, kv_pool, **arrays)
 
-    def _checked(self, kv_pool: KVPool, plan: Any) -> dict[str, np.ndarray]:
+    def _checked(self, kv_pool: KVPool, plan: StepPlan) -> dict[str, np.ndarray]:
         spec = self.spec
         expected = (spec.num_layers, spec.num_kv_heads, None, self.block_size, spec.head_dim)
         for name, pool in zip(("k_pool", "v_pool"), kv_pool):
             if pool.ndim != 5 or any(e is not None and e != d for e, d in zip(expected, pool.shape)):
                 raise ValueError(f"{name}: expected [L={spec.num_layers}, Hkv={spec.num_kv_heads}, N, "
                                  f"Bs={self.block_size}, D={spec.head_dim}], got {list(pool.shape)}")
-        arrays = step_arrays(plan)
+        arrays = plan.device_arrays()
+        for name, arr in arrays.items():
+            if arr.dtype != np.int32:
+                raise ValueError(f"{name}: expected int32, got {arr.dtype}")
         num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
         for name in ("positions", "slot_mapping"):
             if arrays[name].shape != (num_tokens,):
@@ -175,10 +171,10 @@ class ModelRunner:
                                                    query_start_loc, i)
             return out, (k_pool, v_pool)
 
-        params, packed_head = packed.split_head(params)
-        model, blocks = decoder.merge_unstacked(spec, params) if self.per_layer_weights else (
+        params, head = packed.split_head(spec, params)  # head: a tied head's packed copy, or None
+        model, blocks = decoder.merge_unstacked(spec, params, self._graphdefs) if self.per_layer_weights else (
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
         # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
-        return model.logits(h[logits_indices], packed_head), kv_pool
+        return model.logits(h[logits_indices], head), kv_pool

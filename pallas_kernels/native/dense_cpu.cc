@@ -3,11 +3,10 @@
 // `jnp.dot` in float32 is its oracle).
 //
 // Why native: a decode step multiplies 8-64 activation rows by every weight matrix of the model, so
-// it is bound by reading the weights. XLA:CPU's dots at these sizes run 1.5-3x below the oneDNN
-// matmul on prepacked weights that vLLM's CPU build uses (docs/ARCHITECTURE.md, "CPU path"). Here
-// each 16-column panel of W is one contiguous stream (read once per call from memory, then from
-// cache for the other row tiles), and a register tile of kRows x kPanels accumulators does
-// kRows * kPanels multiply-adds per kPanels vector loads.
+// it is bound by reading the weights, and reads them best prepacked (as vLLM's CPU build does with
+// oneDNN, docs/ARCHITECTURE.md, "CPU path"). Here each 16-column panel of W is one contiguous
+// stream (read once per call from memory, then from cache for the other row tiles), and a register
+// tile of kRows x kPanels accumulators does kRows * kPanels multiply-adds per kPanels vector loads.
 //
 // Shapes: out f32[M, N] = x [M, K] . W [K, N] (+ bias f32[N]; f32[0]: no bias).
 //   float32:  x f32[M, K],  w f32[P, K, 16]       w[p, k, j]    = W[k, 16p + j]
@@ -52,7 +51,7 @@ constexpr int kPanels = 3;     // panels per register tile: 8 x 3 = 24 accumulat
 #else
 // AVX2: a panel is two 256-bit registers, of 16; 6 rows x 1 panel = 12 accumulators + 2 loads + 1
 // broadcast (BLIS's 6 x 16 Haswell tile). A 512-bit vector type would have no machine mode here:
-// GCC would keep every such vector in memory (measured 4-20x slower than XLA's dots).
+// GCC would keep every such vector in memory.
 constexpr int kVecLanes = 8;
 constexpr int kRows = 6;
 constexpr int kPanels = 1;

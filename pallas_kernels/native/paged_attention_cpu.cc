@@ -3,8 +3,8 @@
 // paged_prefill.py are its oracles).
 //
 // Why native: on XLA:CPU a dot cannot read the pool through a block table, so the XLA paths gather
-// every page into a copy and then run small batched dots over it (the copy is ~60% of decode
-// attention). This kernel reads each live K/V row where it lies in the pool.
+// every page into a copy and then run small batched dots over it. This kernel reads each live K/V
+// row where it lies in the pool.
 //
 // Shapes: q f32[T, Hq, D], one query row per token; k_pool, v_pool [L, Hkv, N, Bs, D] of f32, or
 // u16 holding bfloat16 bits (jpaged.models.kv_pool.storage_dtype); block_tables i32[S, M];

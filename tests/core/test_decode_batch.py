@@ -30,9 +30,10 @@ class HashTokens:
         self.clock += 1e-3
         rows = plan.sampling
         if rows is None:
-            return ModelOutput([], None, None, None, 1e-3)
+            return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=1e-3)
         tokens = [zlib.crc32(f"{s.group.request_id}/{len(s)}".encode()) % VOCAB for s in rows.seqs]
-        return ModelOutput(tokens, np.full(len(tokens), -0.5, np.float32), None, None, 1e-3)
+        return ModelOutput(token_ids=tokens, logprobs=np.full(len(tokens), -0.5, np.float32), top_ids=None,
+                           top_logprobs=None, duration=1e-3)
 
     def now(self) -> float:
         return self.clock

@@ -40,7 +40,7 @@ class RandomTokens:
         self.clock += 1e-3
         rows = plan.sampling
         if rows is None:
-            return ModelOutput([], None, None, None, 1e-3)
+            return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=1e-3)
         keys = [f"{s.group.request_id}/{i}/{len(s)}" for s, i in zip(rows.seqs, rows.indices or [s.index for s in rows.seqs])]
         tokens = [zlib.crc32(k.encode()) % VOCAB for k in keys]
         logprobs = np.full(len(rows), -1.0)
@@ -49,7 +49,8 @@ class RandomTokens:
             rng = np.random.default_rng([zlib.crc32(k.encode()) for k in keys])
             top_ids = np.stack([rng.permutation(VOCAB)[: rows.num_top] for _ in keys])
             top_logprobs = -np.cumsum(rng.exponential(1.0, (len(keys), rows.num_top)), axis=1)
-        return ModelOutput(tokens, logprobs, top_ids, top_logprobs, 1e-3)
+        return ModelOutput(token_ids=tokens, logprobs=logprobs, top_ids=top_ids, top_logprobs=top_logprobs,
+                           duration=1e-3)
 
     def now(self) -> float:
         return self.clock

@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import build_step_arrays, scattered_tables
+from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 
@@ -25,10 +26,10 @@ def test_pallas_backend_matches_xla():
         k, v = init_kv_pool(spec, 12, block_size)
         pool = (jnp.full_like(k, jnp.nan), jnp.full_like(v, jnp.nan))
         prompts = [s[:-2] for s in seqs]
-        prefill, pool = runner.prefill(pool, build_step_arrays(prompts, [len(p) for p in prompts], tables,
-                                                               block_size, pad_tokens=5, pad_seqs=1))
-        decode, pool = runner.decode(pool, build_step_arrays([s[:-1] for s in seqs], [1, 1], tables, block_size,
-                                                             pad_tokens=2, pad_seqs=2))
+        prefill, pool = runner.prefill(pool, StepPlan.from_contexts(
+            prompts, [len(p) for p in prompts], tables, block_size, shape=(sum(map(len, prompts)) + 5, 3, 3)))
+        decode, pool = runner.decode(pool, StepPlan.from_contexts([s[:-1] for s in seqs], [1, 1], tables, block_size,
+                                                                  shape=(4, 4, 3)))
         results.append((np.asarray(prefill[:2]), np.asarray(decode[:2])))
     for xla, pallas in zip(*results):
         np.testing.assert_allclose(pallas, xla, rtol=1e-4, atol=1e-4 * np.abs(xla).max())

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset, preset_names
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder, layers
 from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes, num_blocks_for_budget
 from jpaged.models.runner import ModelRunner
@@ -79,12 +80,10 @@ def test_kv_pool_layout_and_budget():
 def test_runner_checks_pool_and_arrays():
     spec = get_preset("tiny-opt")
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=16, attention_backend="xla")
-    arrays = {name: np.zeros(1, np.int32) for name in ("token_ids", "positions", "slot_mapping", "context_lens",
-                                                        "logits_indices")}
-    arrays |= {"block_tables": np.zeros((1, 1), np.int32), "query_start_loc": np.array([0, 1], np.int32)}
+    plan = StepPlan.from_contexts([[5]], [1], [[1]], 16, shape=(1, 1, 1))
     with pytest.raises(ValueError, match="k_pool"):
-        runner.decode(init_kv_pool(spec, 4, 8), arrays)
+        runner.decode(init_kv_pool(spec, 4, 8), plan)
     with pytest.raises(ValueError, match="positions: expected int32"):
-        runner.decode(init_kv_pool(spec, 4, 16), arrays | {"positions": np.zeros(1, np.int64)})
+        runner.decode(init_kv_pool(spec, 4, 16), dataclasses.replace(plan, positions=np.zeros(1, np.int64)))
     with pytest.raises(ValueError, match="attention_backend|backend"):
         ModelRunner(spec, {}, block_size=16, attention_backend="cuda")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset
+from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import build_step_arrays
 from jpaged.models.runner import ModelRunner
 from pallas_kernels.targets import A100, abstract_gpu
 from tests.models.test_paged_equivalence import CPU_BACKENDS
@@ -25,8 +25,8 @@ def _setup(backend="xla", interpret=True):
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=BLOCK_SIZE, attention_backend=backend,
                          interpret=interpret)
     prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5, 3]]
-    decode = build_step_arrays(prompts, [1, 1], [[7], [9]], BLOCK_SIZE, pad_tokens=2, pad_seqs=2)
-    prefill = build_step_arrays(prompts, [7, 3], [[7], [9]], BLOCK_SIZE, pad_tokens=6)
+    decode = StepPlan.from_contexts(prompts, [1, 1], [[7], [9]], BLOCK_SIZE, shape=(4, 4, 1))
+    prefill = StepPlan.from_contexts(prompts, [7, 3], [[7], [9]], BLOCK_SIZE, shape=(16, 2, 1))
     return spec, runner, {"decode": decode, "prefill": prefill}
 
 
@@ -36,7 +36,7 @@ def test_compiled_step_aliases_the_pool_and_needs_no_layer_of_scratch(kind, back
     spec, runner, plans = _setup(backend)
     pool = init_kv_pool(spec, NUM_BLOCKS, BLOCK_SIZE)
     step = runner._decode if kind == "decode" else runner._prefill
-    arrays = {k: jnp.asarray(v) for k, v in plans[kind].items()}
+    arrays = {k: jnp.asarray(v) for k, v in plans[kind].device_arrays().items()}
     mem = step.lower(runner.params, pool, **arrays).compile().memory_analysis()
     pool_bytes = pool[0].nbytes + pool[1].nbytes  # 8 MiB
     layer_bytes = pool_bytes // spec.num_layers  # K + V of one layer: 4 MiB
@@ -71,7 +71,8 @@ def test_pallas_step_for_cuda_never_slices_a_layer(kind):
     pool = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
     step = runner._decode if kind == "decode" else runner._prefill
     with abstract_gpu(A100):  # newer jax lowers Triton kernels only for a named (abstract) GPU
-        text = step.trace(runner.params, pool, **plans[kind]).lower(lowering_platforms=("cuda",)).as_text()
+        traced = step.trace(runner.params, pool, **plans[kind].device_arrays())
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
     layer = "tensor<{}xf32>".format("x".join(map(str, shape[1:])))
     assert layer not in text

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.common import token_positions
 from pallas_kernels.paged_attention import paged_attention_reference
-from pallas_kernels.paged_prefill import paged_prefill_attention_reference, token_positions
+from pallas_kernels.paged_prefill import paged_prefill_attention_reference
 from tests.pallas_kernels.kernel_cases import dense_attention, make_case, rel_err
 
 NAN = np.nan

@@ -63,8 +63,9 @@ class SimExecutor:
         self.busy_s += duration
         self.num_steps += 1
         if rows is None:
-            return ModelOutput([], None, None, None, duration)
-        return ModelOutput([SIMULATED_TOKEN] * len(rows), None, top_ids, top_logprobs, duration)
+            return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=duration)
+        return ModelOutput(token_ids=[SIMULATED_TOKEN] * len(rows), logprobs=None, top_ids=top_ids,
+                           top_logprobs=top_logprobs, duration=duration)
 
     def now(self) -> float:
         """The virtual clock in seconds."""

@@ -22,7 +22,6 @@ from typing import Callable
 import numpy as np
 from scipy.optimize import nnls
 
-from jpaged.core.padding import bucket
 from jpaged.core.step_plan import StepPlan
 from jpaged.paper.sim.cost_model import CostModel
 
@@ -51,37 +50,19 @@ def synthetic_plan(query_lens: list[int], context_lens: list[int], *,
     """A well-formed StepPlan of the given shape, padded like the scheduler pads, for timing.
 
     Sequences get consecutive blocks from 1 upward, wrapping within the pool, so sequences may
-    share blocks when the pool is small: harmless, the contents are never read back.
+    share blocks when the pool is small: harmless, the contents are never read back. The query
+    tokens are ids 4, 5, ... (wrapping below `vocab_size`); the context before them is never read.
     """
-    n = len(query_lens)
-    q, ctx = np.asarray(query_lens, np.int32), np.asarray(context_lens, np.int32)
-    if n == 0 or (q < 1).any() or (q > ctx).any():
+    if not query_lens or len(query_lens) != len(context_lens) or not all(
+            1 <= q <= c for q, c in zip(query_lens, context_lens)):
         raise ValueError("query_lens must be non-empty, each >= 1 and <= its context_lens")
-    total = int(q.sum())
-    # The scheduler's padding: a decode-only step has T == S; any chunk pads tokens separately.
-    size_s, size_t = bucket(n), (bucket(total, minimum=16) if (q > 1).any() else bucket(n))
-    blocks = -(-ctx // block_size)
-    tables = np.zeros((size_s, bucket(int(blocks.max()))), np.int32)
-    starts = np.concatenate([[0], np.cumsum(blocks)[:-1]])
-    for i in range(n):
-        tables[i, : blocks[i]] = 1 + (starts[i] + np.arange(blocks[i])) % (num_blocks - 1)
-    qsl = np.full(size_s + 1, total, np.int32)
-    qsl[: n + 1] = np.concatenate([[0], np.cumsum(q)])
-    positions = np.zeros(size_t, np.int32)
-    slots = np.zeros(size_t, np.int32)
-    for i in range(n):
-        pos = np.arange(ctx[i] - q[i], ctx[i])
-        positions[qsl[i]: qsl[i + 1]] = pos
-        slots[qsl[i]: qsl[i + 1]] = tables[i, pos // block_size] * block_size + pos % block_size
-    token_ids = np.zeros(size_t, np.int32)
-    token_ids[:total] = np.arange(total) % (vocab_size - 4) + 4
-    context = np.zeros(size_s, np.int32)
-    context[:n] = ctx
-    logits_indices = np.zeros(size_s, np.int32)
-    logits_indices[:n] = qsl[1: n + 1] - 1
-    return StepPlan(num_seqs=n, num_tokens=total, max_query_len=int(q.max()), token_ids=token_ids,
-                    positions=positions, slot_mapping=slots, query_start_loc=qsl, context_lens=context,
-                    block_tables=tables, logits_indices=logits_indices)
+    blocks = [-(-c // block_size) for c in context_lens]
+    starts = np.cumsum([0] + blocks[:-1])
+    tables = [(1 + (start + np.arange(b)) % (num_blocks - 1)).tolist() for start, b in zip(starts, blocks)]
+    ids = (np.arange(sum(query_lens)) % (vocab_size - 4) + 4).tolist()
+    ends = np.cumsum(query_lens).tolist()
+    contexts = [[0] * (c - q) + ids[end - q: end] for q, c, end in zip(query_lens, context_lens, ends)]
+    return StepPlan.from_contexts(contexts, query_lens, tables, block_size)
 
 
 def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks: int, vocab_size: int,

@@ -1,31 +1,28 @@
 """SimExecutor: step durations from the cost model, block ops, padding ignored, virtual clock."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from jpaged.config.presets import get_preset
-from jpaged.core.padding import bucket
 from jpaged.core.step_plan import StepPlan, pairs_array
 from jpaged.paper.sim.executor import SimExecutor
 from jpaged.paper.sim.gpus import get_gpu
 
 OPT13B = get_preset("opt-13b")
+BLOCK_SIZE = 16
 
 
 def make_plan(query_lens, context_lens, *, swap_out=(), swap_in=(), copies=()):
-    """A padded StepPlan with the given real sequences (token-level arrays are placeholders)."""
-    n, tokens = len(query_lens), int(sum(query_lens))
-    seqs, rows = bucket(n), bucket(tokens)
-    qsl = np.full(seqs + 1, tokens, np.int32)
-    qsl[: n + 1] = np.concatenate([[0], np.cumsum(query_lens)])
-    ctx = np.zeros(seqs, np.int32)
-    ctx[:n] = context_lens
-    return StepPlan(num_seqs=n, num_tokens=tokens, max_query_len=max(query_lens, default=0),
-                    token_ids=np.zeros(rows, np.int32), positions=np.zeros(rows, np.int32),
-                    slot_mapping=np.zeros(rows, np.int32), query_start_loc=qsl, context_lens=ctx,
-                    block_tables=np.zeros((seqs, 8), np.int32), logits_indices=np.zeros(seqs, np.int32),
-                    copy_pairs=pairs_array(list(copies)),
-                    swap_in_pairs=pairs_array(list(swap_in)), swap_out_pairs=pairs_array(list(swap_out)))
+    """A padded StepPlan with the given real sequences (token ids and blocks are placeholders) and
+    block operations."""
+    if not query_lens:
+        return StepPlan.block_ops_only(copy=copies, swap_in=swap_in, swap_out=swap_out)
+    plan = StepPlan.from_contexts([[0] * c for c in context_lens], query_lens,
+                                  [[1] * -(-c // BLOCK_SIZE) for c in context_lens], BLOCK_SIZE)
+    return dataclasses.replace(plan, copy_pairs=pairs_array(copies), swap_in_pairs=pairs_array(swap_in),
+                               swap_out_pairs=pairs_array(swap_out))
 
 
 def test_prefill_and_decode_durations_match_the_cost_model():
