@@ -6,7 +6,7 @@ runs `steps` times after `warmup_steps`, each waited for. The median wall time a
 time (all threads of this process) per step are reported: the model step as the executor runs
 it, including the host cost of handing the step arrays and the parameter tree to jit.
 
-    python -m experiments.bench_decode --config configs/bench_decode.yaml
+    python -m experiments.bench.bench_decode --config configs/bench_decode.yaml
 
 Uses only the ModelRunner / load_params / StepPlan.from_contexts API, so it also runs against an
 older checkout that has them (PYTHONPATH) for A/B comparisons.

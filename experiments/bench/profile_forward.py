@@ -19,7 +19,7 @@ consumers), and an isolated part compiles differently and sees a warm cache. Eve
 wall time: on a loaded machine they include time descheduled, so read shares, and compare CPU
 time between runs.
 
-    python -m experiments.profile_forward --config configs/profile_forward.yaml
+    python -m experiments.bench.profile_forward --config configs/profile_forward.yaml
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from experiments import plots
-from experiments.common import REPO_ROOT, main, point_provenance, provenance, write_json
+from experiments import common, plots
+from experiments.common import REPO_ROOT, point_provenance, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
@@ -206,6 +206,7 @@ def run(config: PreemptionConfig, resume: bool = False) -> dict:
     return result
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The command line: `python -m experiments.preemption [--config ...]`."""
     logging.basicConfig(level=logging.INFO)
-    main(__doc__.splitlines()[0], PreemptionConfig, run, "configs/preemption.yaml")
+    common.main(__doc__.splitlines()[0], PreemptionConfig, run, "configs/preemption.yaml")
