@@ -88,9 +88,9 @@ class PoolRecorder:
         bm = self.scheduler.block_manager
         for group in self.scheduler.running:
             for seq in group.seqs:
-                if not bm.has_seq(seq.seq_id):
+                if not bm.rows.has_seq(seq.seq_id):
                     continue
-                ids = bm.block_table(seq.seq_id) - 1  # block id b is column b - 1
+                ids = bm.rows.table(seq.seq_id) - 1  # block id b is column b - 1
                 self.owner[t, ids] = int(group.request_id)
                 self.written[t, ids] = True
                 if not isinstance(bm, BlockManager):  # contiguous: the whole reserved region

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from jpaged.config import EngineConfig
 from jpaged.config.checks import check_str, show
 from jpaged.core import request_checks, step_guard
+from jpaged.core.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.postprocess import Postprocessor
 from jpaged.core.request_checks import CheckedRequest
@@ -229,7 +230,7 @@ class LLMEngine:
             elapsed = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(prefill_tok_s=f"{self.num_prefill_tokens / elapsed:.0f}",
                             decode_tok_s=f"{self.num_decode_tokens / elapsed:.0f}",
-                            kv=f"{self.scheduler.block_manager.usage():.0%}", refresh=False)
+                            kv=f"{usage(self.scheduler.block_manager):.0%}", refresh=False)
         bar.close()
         return [results[i] for i in ids]
 
@@ -245,13 +246,14 @@ class LLMEngine:
     def kv_stats(self) -> dict:
         """Block pool and preemption counters."""
         bm = self.scheduler.block_manager
+        swap = bm.swap  # (None: a manager without swap space)
         return {
             "num_total_blocks": bm.num_usable_blocks,
             "num_free_blocks": bm.num_free_blocks,
-            "num_host_blocks": bm.num_host_blocks,
-            "num_free_host_blocks": bm.num_free_host_blocks,
+            "num_host_blocks": swap.num_blocks if swap is not None else 0,
+            "num_free_host_blocks": swap.num_free_blocks if swap is not None else 0,
             "num_preemptions": self.scheduler.num_preemptions,
-            "kv_usage": bm.usage(),
+            "kv_usage": usage(bm),
             "num_compilations": getattr(self.executor, "num_compilations", 0),
             **self.prefix_cache_stats(),
         }

@@ -77,7 +77,7 @@ class DecodeBatch:
                 continue
             if self._lists_out:
                 self._own_lists()
-            row = kv.row_of(seq.seq_id)
+            row = kv.rows.row_of(seq.seq_id)
             self._index[seq.seq_id] = len(self.seqs)
             self.seqs.append(seq)
             self.token_lists.append(seq.token_ids)

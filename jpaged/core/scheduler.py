@@ -1,7 +1,7 @@
 """Iteration-level scheduling by token budget: the paper's vLLM and chunked prefill as two settings.
 
 Every step has a token budget (`max_num_batched_tokens`) and a sequence budget (`max_num_seqs`).
-A sequence's computed tokens are the slots its block-table row holds (`KVCacheManager.num_slots`:
+A sequence's computed tokens are the slots its block-table row holds (`RowStore.num_slots`:
 taking slots is scheduling tokens); a step gives each scheduled sequence some new tokens,
 always the last ones of its context (a prompt chunk, or the one token sampled last), so one
 StepPlan describes any mix. Three passes fill a step:
@@ -32,7 +32,7 @@ import numpy as np
 from jpaged.config import CacheConfig, SchedulerConfig
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_batch import DecodeBatch
-from jpaged.core.kv_manager import AllocStatus, KVCacheManager
+from jpaged.core.kv_manager import KVCacheManager
 from jpaged.core.plan_builder import PlanBuilder, batch_plan
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_plan import StepPlan
@@ -157,11 +157,11 @@ class Scheduler:
         self._joining.pop(seq.seq_id, None)
         self._kv_events += 1
         bm = self.block_manager
-        if bm.has_seq(seq.seq_id):
+        if bm.rows.has_seq(seq.seq_id):
             if self.prefix_caching:
                 bm.cache_blocks(seq.seq_id, seq.token_ids, seq.group.cache_salt, seq.block_keys)
             bm.free(seq.seq_id)
-        elif bm.is_swapped(seq.seq_id):
+        elif bm.swap is not None and bm.swap.holds(seq.seq_id):
             bm.free(seq.seq_id)
 
     def _join_running(self, group: SequenceGroup) -> None:
@@ -243,7 +243,7 @@ class Scheduler:
                     budget[0] -= len(seqs)
                     return num_preempted
             else:
-                chunk_rows = [bm.row_of(s.seq_id) for s, _ in chunks]
+                chunk_rows = [bm.rows.row_of(s.seq_id) for s, _ in chunks]
                 chunk_counts = [c for _, c in chunks]
                 if (batch.blocks_needed() if seqs else 0) + bm.blocks_needed(chunk_rows, chunk_counts) \
                         <= bm.num_free_blocks:
@@ -254,7 +254,7 @@ class Scheduler:
             budget[0] -= len(seqs)
         for (seq, count), row in zip(chunks, chunk_rows):
             slots, copies = bm.append_row(row, count)
-            builder.add_chunk(seq, row, count, bm.num_slots(seq.seq_id), slots, copies)
+            builder.add_chunk(seq, row, count, bm.rows.num_slots(seq.seq_id), slots, copies)
             budget[0] -= count
         self._after_chunks([s for s, _ in chunks])
         return num_preempted
@@ -272,7 +272,7 @@ class Scheduler:
                 return num_preempted
             rows, counts = batch.rows, None
             if chunks:
-                rows = np.concatenate([rows, bm.rows_of([s.seq_id for s, _ in chunks])])
+                rows = np.concatenate([rows, bm.rows.rows_of([s.seq_id for s, _ in chunks])])
                 counts = np.array([1] * len(seqs) + [c for _, c in chunks], dtype=np.int64)
             appended = bm.append_slots(rows, counts)
             if appended is not None:
@@ -353,11 +353,11 @@ class Scheduler:
         """Evicts a whole group: swap when configured and room allows, else recompute."""
         bm = self.block_manager
         self._kv_events += 1
-        resident = [s for s in group.live_seqs() if bm.has_seq(s.seq_id)]
+        resident = [s for s in group.live_seqs() if bm.rows.has_seq(s.seq_id)]
         whole = len(resident) == len(group.live_seqs())  # a group still joining its blocks recomputes
         ids = [s.seq_id for s in resident]
-        if self.config.preemption_mode == "swap" and whole and bm.can_swap_out(ids):
-            self._builder.swap_out(bm.swap_out(ids))
+        if self.config.preemption_mode == "swap" and whole and bm.swap is not None and bm.swap.can_swap_out(ids):
+            self._builder.swap_out(bm.swap.swap_out(ids))
             for seq in resident:
                 seq.status = SequenceStatus.SWAPPED
             self.swapped.append(group)
@@ -370,7 +370,7 @@ class Scheduler:
 
     def _swap_in(self, builder: PlanBuilder, budget: list[int]) -> None:
         """Pass 2: brings swapped groups back, FIFO, while room allows; they decode this step."""
-        bm = self.block_manager
+        bm, swap = self.block_manager, self.block_manager.swap  # (groups swap out only with a swap space)
         num_appends = 0  # blocks the groups swapped in so far may open for this step's token
         while self.swapped:
             group = self.swapped[0]
@@ -379,8 +379,8 @@ class Scheduler:
             num_appends += len(ids)
             if self._num_running_seqs + group.width > self.config.max_num_seqs or budget[0] < len(ids):
                 break
-            if not bm.can_swap_in(ids, num_appends, self._headroom()):
-                if not self.running and bm.swapped_blocks(ids) + len(ids) > bm.num_usable_blocks:
+            if not swap.can_swap_in(ids, num_appends, self._headroom()):
+                if not self.running and swap.blocks_needed(ids) + len(ids) > bm.num_usable_blocks:
                     self.swapped.popleft()
                     self._reject(group, "its sequences outgrew the whole KV pool "
                                         f"({bm.num_usable_blocks} blocks)")
@@ -388,7 +388,7 @@ class Scheduler:
                     continue
                 break
             self.swapped.popleft()
-            pairs = bm.swap_in(ids)
+            pairs = swap.swap_in(ids)
             self._kv_events += 1
             builder.swap_in(pairs)
             for seq in seqs:
@@ -397,7 +397,7 @@ class Scheduler:
             if any(self._uncomputed(s) != 1 for s in seqs):  # swapped mid-prompt: chunks resume next step
                 bisect.insort(self._partial, group, key=lambda g: g.arrival_order)
                 continue
-            rows = bm.rows_of(ids)
+            rows = bm.rows.rows_of(ids)
             slots, copies = bm.append_slots(rows)  # room was checked by can_swap_in
             builder.add(seqs, rows, None, slots, copies)
             budget[0] -= len(seqs)
@@ -407,7 +407,8 @@ class Scheduler:
 
         A group's first sequence (its prompt, or a recomputed sequence's whole history) starts
         here; the other sequences of a recomputed group share the common prefix blocks they had
-        (`_share`) and join in the same step (paper: whole prompts) or in later ones (chunked).
+        (`_share`) and join in the same step (paper: whole prompts) or in later ones (chunked). A
+        group that can never fit the pool is rejected (`KVCacheManager.fits`).
         """
         bm = self.block_manager
         while not self._nothing_to_admit(budget[0]):
@@ -418,11 +419,10 @@ class Scheduler:
                     if self.prefix_caching else [])
             cached = len(hits) * bm.block_size
             shares = [self._share(f) for f in followers] if followers else []
-            unique_blocks = (sum(bm.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
+            unique_blocks = (sum(bm.rows.blocks_for(len(f)) - blocks for f, (_, _, blocks) in zip(followers, shares))
                              if followers else 0)
-            leader_blocks = bm.blocks_for(len(leader.token_ids))
-            need = leader_blocks + unique_blocks
-            if need > bm.num_usable_blocks or leader_blocks > bm.max_blocks_per_seq:
+            if not bm.fits(len(leader), width=group.width, final_len=group.max_total_len, extra_blocks=unique_blocks):
+                need = bm.rows.blocks_for(len(leader)) + unique_blocks
                 self.waiting.popleft()
                 self._reject(group, f"needs {need} KV blocks, more than the pool can ever give "
                                     f"({bm.num_usable_blocks} blocks)")
@@ -441,14 +441,8 @@ class Scheduler:
                 extra_blocks = unique_blocks
                 if admitted and count + extra_tokens > budget[0]:
                     break
-            status = bm.can_admit(len(leader), cached + count, hits, width=group.width,
-                                  final_len=group.max_total_len, headroom=self._headroom(), extra_blocks=extra_blocks)
-            if status is AllocStatus.NEVER:
-                self.waiting.popleft()
-                self._reject(group, f"needs {need} KV blocks, more than the pool can ever give "
-                                    f"({bm.num_usable_blocks} blocks)")
-                continue
-            if status is AllocStatus.LATER:
+            if not bm.can_admit(len(leader), cached + count, hits, width=group.width, final_len=group.max_total_len,
+                                headroom=self._headroom(), extra_blocks=extra_blocks):
                 self._held_back = True
                 self._held_back_at = (group, self._kv_events, self._num_running_seqs, remaining, count)
                 self._held_back_free = bm.num_free_blocks
@@ -505,9 +499,9 @@ class Scheduler:
     def _schedule_chunk(self, builder: PlanBuilder, budget: list[int], seq: Sequence, count: int) -> None:
         """Slots for the next `count` tokens of a sequence just admitted (room was checked)."""
         bm = self.block_manager
-        row = bm.row_of(seq.seq_id)
+        row = bm.rows.row_of(seq.seq_id)
         slots, copies = bm.append_row(row, count)
-        builder.add_chunk(seq, row, count, bm.num_slots(seq.seq_id), slots, copies)
+        builder.add_chunk(seq, row, count, bm.rows.num_slots(seq.seq_id), slots, copies)
         budget[0] -= count
 
     def _may_admit(self) -> bool:
@@ -516,21 +510,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ helpers
 
-    def _headroom(self) -> int:
-        """Free blocks admission and swap-in keep: the watermark, waived when nothing else runs
-        (no one could be preempted to make room, and a group that fits the pool must progress)."""
-        return self.block_manager.watermark_blocks if self.running else 0
+    def _headroom(self) -> int | None:
+        """Free blocks admission and swap-in keep: the manager's watermark (None), waived when
+        nothing else runs (no one could be preempted to make room, and a group that fits the pool
+        must progress)."""
+        return None if self.running else 0
 
     def _reject(self, group: SequenceGroup, reason: str) -> None:
         self._rejected.append((group, reason))
 
     def _resident(self, seq: Sequence) -> bool:
-        return self.block_manager.has_seq(seq.seq_id)
+        return self.block_manager.rows.has_seq(seq.seq_id)
 
     def _uncomputed(self, seq: Sequence) -> int:
         """Tokens of a sequence still to run through the model: a prompt (or its rest), or the
         last sampled token. (Its computed ones are the slots its row holds.)"""
-        return len(seq.token_ids) - self.block_manager.num_slots(seq.seq_id)
+        return len(seq.token_ids) - self.block_manager.rows.num_slots(seq.seq_id)
 
     def _share(self, seq: Sequence) -> tuple[Sequence | None, int, int]:
         """(earlier sequence of the group, shared tokens, shared blocks) of the longest common prefix of
@@ -557,7 +552,7 @@ class Scheduler:
         source, tokens, _ = self._joining[seq.seq_id]
         if source is not None and source.status.is_finished:  # its source left the group: share anew
             self._joining[seq.seq_id] = source, tokens, _ = self._share(seq)
-        return source is None or self.block_manager.num_slots(source.seq_id) >= tokens
+        return source is None or self.block_manager.rows.num_slots(source.seq_id) >= tokens
 
     def _attach(self, seq: Sequence) -> None:
         """Gives a joining sequence of a recomputed group its row, forking its shared prefix."""

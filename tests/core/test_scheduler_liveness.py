@@ -60,8 +60,8 @@ class RandomTokens:
         holders: dict[int, list] = {}  # block -> sequences whose tables hold it
         for group in self.scheduler.running:
             for seq in group.seqs:
-                if bm.has_seq(seq.seq_id):
-                    for block in bm.block_table(seq.seq_id).tolist():
+                if bm.rows.has_seq(seq.seq_id):
+                    for block in bm.rows.table(seq.seq_id).tolist():
                         holders.setdefault(block, []).append(seq)
         slots = plan.slot_mapping[: plan.num_tokens].tolist()
         for s, seq in enumerate(plan.seqs):
@@ -81,8 +81,8 @@ class InvariantChecker(EngineObserver):
         refs = Counter()
         for group in scheduler.running:
             for seq in group.seqs:
-                if bm.has_seq(seq.seq_id):
-                    refs.update(bm.block_table(seq.seq_id).tolist())
+                if bm.rows.has_seq(seq.seq_id):
+                    refs.update(bm.rows.table(seq.seq_id).tolist())
         assert 0 not in refs
         expected = np.zeros(bm.num_blocks, np.int64)
         for block, count in refs.items():
