@@ -260,11 +260,11 @@ class LLMEngine:
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache hit rate (cached tokens / prompt tokens admitted), cached blocks, evictions."""
-        scheduler = self.scheduler
-        cache = scheduler.block_manager.prefix_cache
+        admission = self.scheduler.admission
+        cache = self.scheduler.block_manager.prefix_cache
         return {
-            "prefix_cache_hit_rate": scheduler.num_cached_tokens / max(scheduler.num_prompt_tokens, 1),
-            "prefix_cached_tokens": scheduler.num_cached_tokens,
+            "prefix_cache_hit_rate": admission.num_cached_tokens / max(admission.num_prompt_tokens, 1),
+            "prefix_cached_tokens": admission.num_cached_tokens,
             "prefix_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
             "prefix_cache_evictions": cache.num_evictions if cache is not None else 0,
         }

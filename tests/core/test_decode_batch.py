@@ -63,7 +63,7 @@ class CheckSkippedStops(EngineObserver):
             n = rows.num_batch_rows
             fresh = rows.seqs[:n]
             others = {id(s) for s in plan.seqs[n:]}
-            want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()
+            want = [s for g in scheduler.running if g not in scheduler.running_batch.partial for s in g.live_seqs()
                     if id(s) not in others]
             assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
             assert plan.seqs[:n] == fresh and out.batch.seqs == fresh and len({id(s) for s in fresh}) == n

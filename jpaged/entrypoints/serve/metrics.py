@@ -102,4 +102,5 @@ class PrometheusObserver(EngineObserver):
         self.gpu_cache.set(usage(bm))
         swap = bm.swap
         self.cpu_cache.set(1.0 - swap.num_free_blocks / swap.num_blocks if swap is not None and swap.num_blocks else 0.0)
-        self.prefix_hit_rate.set(scheduler.num_cached_tokens / max(scheduler.num_prompt_tokens, 1))
+        admission = scheduler.admission
+        self.prefix_hit_rate.set(admission.num_cached_tokens / max(admission.num_prompt_tokens, 1))

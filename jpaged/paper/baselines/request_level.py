@@ -42,7 +42,7 @@ class RequestLevelScheduler(Scheduler):
         if not self.waiting:
             return False
         group = self.waiting[0]
-        if self._num_running_seqs + group.width > self.config.max_num_seqs:
+        if self.running_batch.num_seqs + group.width > self.config.max_num_seqs:
             return False
         leader, kv = group.live_seqs()[0], self.block_manager
         return (kv.fits(len(leader), width=group.width, final_len=group.max_total_len)
