@@ -25,7 +25,8 @@ from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.block_manager import BlockManager
-from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine, check_system
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 

@@ -58,11 +58,11 @@ class LLMEngine:
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
-        if executor is not None and not all(callable(getattr(executor, m, None)) for m in ("execute", "now")):
-            raise TypeError(f"executor: must implement execute(plan) and now() (the Executor protocol), "
-                            f"got {type(executor).__name__}")
+        if executor is not None and not isinstance(executor, Executor):
+            raise TypeError(f"executor: must implement the Executor protocol (execute(plan), now(), vocab_size, "
+                            f"num_compilations), got {type(executor).__name__}")
         self.executor = executor if executor is not None else _default_executor(config)
-        self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
+        self.vocab_size = self.executor.vocab_size  # (None: the executor takes any token id)
         self.postprocessor = Postprocessor(self.scheduler)
         self.observers: list[EngineObserver] = []
         self._groups: dict[str, SequenceGroup] = {}
@@ -254,7 +254,7 @@ class LLMEngine:
             "num_free_host_blocks": swap.num_free_blocks if swap is not None else 0,
             "num_preemptions": self.scheduler.num_preemptions,
             "kv_usage": usage(bm),
-            "num_compilations": getattr(self.executor, "num_compilations", 0),
+            "num_compilations": self.executor.num_compilations,
             **self.prefix_cache_stats(),
         }
 

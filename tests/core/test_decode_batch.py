@@ -22,6 +22,7 @@ class HashTokens:
     """No model: each sampled token is a hash of (request, position), so stop tokens are hit."""
 
     vocab_size = VOCAB
+    num_compilations = 0
 
     def __init__(self):
         self.clock = 0.0

@@ -29,6 +29,7 @@ class RandomTokens:
     beams get seeded random candidates, so runs are deterministic and tokens vary (stop tokens hit)."""
 
     vocab_size = VOCAB
+    num_compilations = 0
 
     def __init__(self):
         self.clock = 0.0
