@@ -60,38 +60,45 @@ class Admission:
         self.num_prompt_tokens = 0  # prompt tokens admitted for prefill (prompts, and recomputed outputs)
         self.num_cached_tokens = 0  # of those, tokens served from the prefix cache
 
-    def closed(self, may_admit: bool) -> bool:
-        """Whether admission stops before trying the queue's head: nothing waits, admission is
-        closed (not `may_admit`: request-level batching), or the head would pass max_num_seqs."""
+    def blocked(self, may_admit: bool, tokens_left: int) -> bool | None:
+        """Why admission would stop before trying the queue's head: None when nothing stops it; False
+        when nothing waits, admission is closed (not `may_admit`: request-level batching) or the
+        head would pass max_num_seqs; True when the head was held back for lack of blocks and
+        nothing it depends on changed since (`tokens_left`: the step's budget as admission would
+        find it). (Every step asks, the decode fast path included: one call.)"""
         waiting = self.waiting
-        return not waiting or not may_admit or self.running.num_seqs + waiting[0].width > self.max_num_seqs
-
-    def still_held_back(self, tokens_left: int) -> bool:
-        """Whether the queue's head was held back for lack of blocks and nothing it depends on
-        changed since; `tokens_left`: the step's budget as admission would find it."""
+        if not waiting or not may_admit:
+            return False
+        head, num_running = waiting[0], self.running.num_seqs
+        if num_running + head.width > self.max_num_seqs:
+            return False
         held = self.held_back
-        return (self.waiting[0] is held.group and self.kv_events == held.kv_events
-                and self.running.num_seqs == held.num_running_seqs
+        if (head is held.group and self.kv_events == held.kv_events and num_running == held.num_running_seqs
                 and (not self.chunked or min(held.remaining, tokens_left, self.chunk_limit) == held.count)
-                and self.kv.num_free_blocks <= held.free_blocks)
+                and self.kv.num_free_blocks <= held.free_blocks):
+            return True
+        return None
 
     def admit(self, step: StepDraft, may_admit: bool) -> None:
         """The admission pass: admits waiting groups, FCFS, while the budgets and blocks allow."""
         kv, rows, rejoin = self.kv, self.kv.rows, self.rejoin
-        while not self.closed(may_admit):
-            if self.still_held_back(step.tokens):
-                step.held_back = True
+        while True:
+            blocked = self.blocked(may_admit, step.tokens)
+            if blocked is not None:
+                step.held_back = step.held_back or blocked
                 break
             group = self.waiting[0]
             seqs = group.live_seqs() if not group.is_single else group.seqs
             leader, followers = seqs[0], seqs[1:]  # followers: a recomputed group's other sequences
+            num_tokens = len(leader.token_ids)
             hits = kv.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys) if self.prefix_caching else []
             cached = len(hits) * kv.block_size
             shares = [rejoin.share(f) for f in followers] if followers else []
-            unique_blocks = sum(rows.blocks_for(len(f)) - share.blocks for f, share in zip(followers, shares))
-            if not kv.fits(len(leader), width=group.width, final_len=group.max_total_len, extra_blocks=unique_blocks):
+            unique_blocks = (sum(rows.blocks_for(len(f.token_ids)) - share.blocks for f, share in zip(followers, shares))
+                             if followers else 0)
+            if not kv.fits(num_tokens, width=group.width, final_len=group.max_total_len, extra_blocks=unique_blocks):
                 self.waiting.popleft()
-                step.rejected.append((group, f"needs {rows.blocks_for(len(leader)) + unique_blocks} KV blocks, "
+                step.rejected.append((group, f"needs {rows.blocks_for(num_tokens) + unique_blocks} KV blocks, "
                                              f"more than the pool can ever give ({kv.num_usable_blocks} blocks)"))
                 continue
             if self.chunked:  # the first sequence's first chunk; the others join in later steps, and
@@ -99,16 +106,17 @@ class Admission:
                 room = min(step.tokens, self.chunk_limit)
                 if room <= 0:
                     break
-                remaining = len(leader) - cached - (1 if followers else 0)
+                remaining = num_tokens - cached - (1 if followers else 0)
                 count = min(remaining, room)  # 0: nothing until they join
                 extra_blocks = 0
             else:  # whole prompts; the budget binds after the step's first group
-                remaining = count = len(leader) - cached
+                remaining = count = num_tokens - cached
                 extra_blocks = unique_blocks
-                if step.admitted and count + sum(len(f) - s.tokens for f, s in zip(followers, shares)) > step.tokens:
+                if step.admitted and count + (sum(len(f.token_ids) - s.tokens for f, s in zip(followers, shares))
+                                              if followers else 0) > step.tokens:
                     break
             headroom = None if self.running.groups else 0  # (the watermark, waived when nothing else runs)
-            if not kv.can_admit(len(leader), cached + count, hits, width=group.width, final_len=group.max_total_len,
+            if not kv.can_admit(num_tokens, cached + count, hits, width=group.width, final_len=group.max_total_len,
                                 headroom=headroom, extra_blocks=extra_blocks):
                 step.held_back = True
                 self.held_back = HeldBack(group, self.kv_events, self.running.num_seqs, remaining, count,
@@ -116,9 +124,9 @@ class Admission:
                 break
             self.waiting.popleft()
             self.kv_events += 1
-            kv.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=len(leader))
+            kv.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=num_tokens)
             self.num_cached_tokens += cached
-            self.num_prompt_tokens += sum(len(s) for s in seqs) if followers else len(leader)
+            self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs) if followers else num_tokens
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             for follower, share in zip(followers, shares):
@@ -131,11 +139,12 @@ class Admission:
                 for follower in followers:  # the blocks they share are written this step: join now
                     rejoin.attach(follower)
                     self.kv_events += 1
-                    step.add_chunk(follower, len(follower) - rows.num_slots(follower.seq_id))
+                    step.add_chunk(follower, len(follower.token_ids) - rows.num_slots(follower.seq_id))
             # (Whole-prompt admission schedules every sequence to its end: never partial.)
-            if self.chunked and any(not rows.has_seq(s.seq_id) or len(s) > rows.num_slots(s.seq_id) for s in seqs):
+            if self.chunked and any(not rows.has_seq(s.seq_id) or len(s.token_ids) > rows.num_slots(s.seq_id)
+                                    for s in seqs):
                 self.running.mark_partial(group)
             if self.prefix_caching:
                 for seq in seqs:
-                    if rows.has_seq(seq.seq_id) and len(seq) >= kv.block_size:  # it has a full block
+                    if rows.has_seq(seq.seq_id) and len(seq.token_ids) >= kv.block_size:  # it has a full block
                         kv.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)

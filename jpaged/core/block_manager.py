@@ -115,7 +115,7 @@ class BlockManager:
         Its other tokens get slots from `append_slots`. (`width`, `final_len`, `num_tokens`: see
         `can_admit`.)
         """
-        if self._holds(seq_id):
+        if self.rows.has_seq(seq_id) or self.swap.holds(seq_id):
             raise ValueError(f"sequence {seq_id} already holds blocks")
         hits = list(hits)
         rows = self.rows
@@ -151,12 +151,13 @@ class BlockManager:
 
     def free(self, seq_id: int) -> None:
         """Drops a sequence's references (device or host); blocks whose count reaches 0 become free."""
-        if self.swap.holds(seq_id):
+        try:
+            row = self.rows.pop(seq_id)
+        except KeyError:
+            if not self.swap.holds(seq_id):
+                raise KeyError(f"cannot free sequence {seq_id}: it holds no blocks (unknown or already freed)") from None
             self.swap.free(seq_id)
             return
-        if not self.rows.has_seq(seq_id):
-            raise KeyError(f"cannot free sequence {seq_id}: it holds no blocks (unknown or already freed)")
-        row = self.rows.pop(seq_id)
         self.release_blocks(self.rows.blocks_of(row))
         self.clear_row(row)
 
@@ -166,7 +167,7 @@ class BlockManager:
         A partial fork (a recomputed group's sequences sharing their common history) shares only
         full blocks: the child holds `num_blocks * block_size` tokens. Returns the child's row.
         """
-        if self._holds(child_id):
+        if self.rows.has_seq(child_id) or self.swap.holds(child_id):
             raise ValueError(f"cannot fork onto sequence {child_id}: it already holds blocks")
         rows = self.rows
         parent_row = rows.row_of(parent_id)
@@ -391,7 +392,3 @@ class BlockManager:
         """Zeroes and frees a row its sequence gave up (its blocks were released)."""
         self._cache_paths.pop(row, None)
         self.rows.clear(row)
-
-    def _holds(self, seq_id: int) -> bool:
-        """True when `seq_id` holds blocks, device or host."""
-        return self.rows.has_seq(seq_id) or self.swap.holds(seq_id)

@@ -41,7 +41,7 @@ class Rejoin:
         group (never its last token: that one computes the logits it samples from)."""
         bs = self.kv.block_size
         best = Share(None, 0, 0)
-        limit = (len(seq) - 1) // bs
+        limit = (len(seq.token_ids) - 1) // bs
         for other in seq.group.live_seqs():
             if other is seq:
                 break
@@ -76,7 +76,7 @@ class Rejoin:
         scheduler counts it)."""
         share = self._waiting.pop(seq.seq_id)
         if share.source is None:
-            self.kv.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq))
+            self.kv.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq.token_ids))
         else:
             self.kv.fork(share.source.seq_id, seq.seq_id, share.blocks)
 
@@ -86,7 +86,7 @@ class Rejoin:
         stops one token short, so that the group samples as a unit; else 0."""
         rows, waiting = self.kv.rows, self._waiting
         # Tokens each has left to compute: past its slots, or (still waiting) past what it shares.
-        todo = [len(s) - rows.num_slots(s.seq_id) if rows.has_seq(s.seq_id) else len(s) - waiting[s.seq_id].tokens
+        todo = [len(s.token_ids) - (rows.num_slots(s.seq_id) if rows.has_seq(s.seq_id) else waiting[s.seq_id].tokens)
                 for s in seqs]
         whole = (all(rows.has_seq(s.seq_id) or self.can_attach(s) for s in seqs)
                  and sum(todo) <= room and max(todo) <= chunk_limit)

@@ -108,7 +108,8 @@ class RowStore:
         return row
 
     def pop(self, seq_id: int) -> int:
-        """Forgets which row `seq_id` holds and returns it (its contents stay until `clear`)."""
+        """Forgets which row `seq_id` holds and returns it (its contents stay until `clear`); KeyError
+        when it holds none."""
         return self._row_of.pop(seq_id)
 
     def clear(self, row: int) -> None:

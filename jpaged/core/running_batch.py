@@ -19,7 +19,7 @@ decode step alone (the scheduler still checks that admission would stop). Pure P
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Collection, Iterable
 
 from jpaged.core.decode_batch import DecodeBatch
 from jpaged.core.sequence import SequenceStatus
@@ -99,9 +99,9 @@ class RunningBatch:
 
     # ------------------------------------------------------------------ the decode batch
 
-    def steady(self, swapped: bool) -> DecodeBatch | None:
+    def steady(self, swapped: Collection[SequenceGroup]) -> DecodeBatch | None:
         """The batch when the decode fast path may run it: no event since the last step, nothing
-        partial, nothing `swapped` and no group with several sequences (else None)."""
+        partial, nothing `swapped` (the swapped queue) and no group with several sequences (else None)."""
         batch = self._batch
         if batch is None or self._joins or self._drops or self.partial or swapped or self.num_multi:
             return None

@@ -148,19 +148,18 @@ class Scheduler:
 
     def schedule_step(self) -> SchedulerOutput:
         """The three passes (policies that gate admission override `schedule` around this)."""
-        held_back = False
-        batch = self.running_batch.steady(bool(self.swapped))
+        held_back = None
+        batch = self.running_batch.steady(self.swapped)
         if batch is not None:
             # The decode fast path: the running set is as the last step left it and admission
             # would stop at once, so the three passes come down to the batch's decode step.
             tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
-            closed = self.admission.closed(self._may_admit())
-            held_back = not closed and self.admission.still_held_back(tokens_left)
-            if closed or held_back:
+            held_back = self.admission.blocked(self._may_admit(), tokens_left)  # (True: for lack of blocks)
+            if held_back is not None:
                 decoded = batch.step()
                 if decoded is not None:
                     return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, held_back, batch)
-        step = StepDraft(PlanBuilder(self.block_manager), self.config.max_num_batched_tokens, held_back)
+        step = StepDraft(PlanBuilder(self.block_manager), self.config.max_num_batched_tokens, held_back is True)
         if not self.chunked and not self.swapped:  # paper: prefill steps come first
             self.admission.admit(step, self._may_admit())
         if self.chunked or not step.admitted:
@@ -252,7 +251,7 @@ class Scheduler:
                         continue
                     rejoin.attach(seq)
                     self.admission.kv_events += 1
-                count = min(len(seq) - rows.num_slots(seq.seq_id) - short, room, self.chunk_limit)
+                count = min(len(seq.token_ids) - rows.num_slots(seq.seq_id) - short, room, self.chunk_limit)
                 if count > 0:
                     chunks.append((seq, count))
                     room -= count
@@ -264,7 +263,7 @@ class Scheduler:
         bm = self.block_manager
         for group in {id(s.group): s.group for s in seqs}.values():
             live = group.live_seqs()
-            if all(bm.rows.has_seq(s.seq_id) and bm.rows.num_slots(s.seq_id) == len(s) for s in live):
+            if all(bm.rows.has_seq(s.seq_id) and bm.rows.num_slots(s.seq_id) == len(s.token_ids) for s in live):
                 self.running_batch.prefilled(group)  # its sequences decode from the next step on
             if self.prefix_caching:
                 self.admission.kv_events += 1
@@ -330,7 +329,7 @@ class Scheduler:
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             self.running_batch.join(group)
-            if any(len(s) - bm.rows.num_slots(s.seq_id) != 1 for s in seqs):  # swapped mid-prompt: chunks next step
+            if any(len(s.token_ids) - bm.rows.num_slots(s.seq_id) != 1 for s in seqs):  # mid-prompt: chunks next step
                 self.running_batch.mark_partial(group)
                 continue
             rows = bm.rows.rows_of(ids)

@@ -36,12 +36,12 @@ def test_running_set_keeps_arrival_order_widths_and_the_fast_path():
     running.join(late)
     running.join(early)  # arrived earlier: goes first
     assert running.groups == [early, late] and running.num_seqs == 2 and running.num_multi == 0
-    assert running.steady(swapped=False) is None  # nothing kept yet
+    assert running.steady(swapped=()) is None  # nothing kept yet
     batch = running.current()
     assert batch.seqs == [early.seqs[0], late.seqs[0]]
-    assert running.steady(swapped=False) is batch and running.steady(swapped=True) is None
+    assert running.steady(swapped=()) is batch and running.steady(swapped=[late]) is None
     running.drop(late.seqs)  # a finish: the batch drops it at the next step ...
-    assert running.steady(swapped=False) is None
+    assert running.steady(swapped=()) is None
     running.leave(late)
     assert running.current() is batch and batch.seqs == [early.seqs[0]]  # ... edited, not rebuilt
     running.mark_partial(late)  # (a partial group's sequences stay out of the batch)
@@ -105,8 +105,9 @@ def test_admission_memo_skips_retries_until_something_changes():
     out = scheduler.schedule()
     assert out.admitted == [] and out.kv_full and admission.held_back.group is small
     held = admission.held_back
-    assert admission.still_held_back(64)
+    assert admission.blocked(True, 64) is True  # held back, nothing changed: the next step skips it
     admission.kv_events += 1  # a block event: the next step tries again
-    assert not admission.still_held_back(64)
+    assert admission.blocked(True, 64) is None
     admission.kv_events -= 1
-    assert not admission.still_held_back(held.remaining - 1)  # (chunked) it would ask for fewer tokens
+    assert admission.blocked(True, held.remaining - 1) is None  # (chunked) it would ask for fewer tokens
+    assert admission.blocked(False, 64) is False  # admission closed (request-level batching)
