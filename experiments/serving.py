@@ -86,11 +86,12 @@ def sharing_counts(bm: BlockManager, seq_ids: Iterable[int]) -> tuple[int, int]:
     In use = distinct physical blocks their tables reference (refcount > 0); without sharing every
     sequence would hold its own copy of each block of its table.
     """
-    rows = np.fromiter((bm.row_of(s) for s in seq_ids if bm.has_seq(s)), dtype=np.int64)
+    store = bm.rows
+    rows = np.fromiter((store.row_of(s) for s in seq_ids if store.has_seq(s)), dtype=np.int64)
     if rows.size == 0:
         return 0, 0
-    counts = bm.num_table_blocks[rows]
-    blocks = bm.block_tables[rows, : int(counts.max())][np.arange(int(counts.max()))[None, :] < counts[:, None]]
+    counts = store.num_table_blocks[rows]
+    blocks = store.block_tables[rows, : int(counts.max())][np.arange(int(counts.max()))[None, :] < counts[:, None]]
     used = np.unique(blocks)
     assert (bm.refcount[used] > 0).all(), "a block table references a free block"
     return len(used), int(counts.sum())

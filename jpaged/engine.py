@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from jpaged.config import EngineConfig
 from jpaged.config.checks import check_str, show
 from jpaged.core import request_checks, step_guard
+from jpaged.core.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.postprocess import Postprocessor
 from jpaged.core.request_checks import CheckedRequest
@@ -57,11 +58,11 @@ class LLMEngine:
         self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
-        if executor is not None and not all(callable(getattr(executor, m, None)) for m in ("execute", "now")):
-            raise TypeError(f"executor: must implement execute(plan) and now() (the Executor protocol), "
-                            f"got {type(executor).__name__}")
+        if executor is not None and not isinstance(executor, Executor):
+            raise TypeError(f"executor: must implement the Executor protocol (execute(plan), now(), vocab_size, "
+                            f"num_compilations), got {type(executor).__name__}")
         self.executor = executor if executor is not None else _default_executor(config)
-        self.vocab_size: int | None = getattr(self.executor, "vocab_size", None)
+        self.vocab_size = self.executor.vocab_size  # (None: the executor takes any token id)
         self.postprocessor = Postprocessor(self.scheduler)
         self.observers: list[EngineObserver] = []
         self._groups: dict[str, SequenceGroup] = {}
@@ -229,7 +230,7 @@ class LLMEngine:
             elapsed = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix(prefill_tok_s=f"{self.num_prefill_tokens / elapsed:.0f}",
                             decode_tok_s=f"{self.num_decode_tokens / elapsed:.0f}",
-                            kv=f"{self.scheduler.block_manager.usage():.0%}", refresh=False)
+                            kv=f"{usage(self.scheduler.block_manager):.0%}", refresh=False)
         bar.close()
         return [results[i] for i in ids]
 
@@ -245,24 +246,25 @@ class LLMEngine:
     def kv_stats(self) -> dict:
         """Block pool and preemption counters."""
         bm = self.scheduler.block_manager
+        swap = bm.swap  # (None: a manager without swap space)
         return {
             "num_total_blocks": bm.num_usable_blocks,
             "num_free_blocks": bm.num_free_blocks,
-            "num_host_blocks": bm.num_host_blocks,
-            "num_free_host_blocks": bm.num_free_host_blocks,
+            "num_host_blocks": swap.num_blocks if swap is not None else 0,
+            "num_free_host_blocks": swap.num_free_blocks if swap is not None else 0,
             "num_preemptions": self.scheduler.num_preemptions,
-            "kv_usage": bm.usage(),
-            "num_compilations": getattr(self.executor, "num_compilations", 0),
+            "kv_usage": usage(bm),
+            "num_compilations": self.executor.num_compilations,
             **self.prefix_cache_stats(),
         }
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache hit rate (cached tokens / prompt tokens admitted), cached blocks, evictions."""
-        scheduler = self.scheduler
-        cache = scheduler.block_manager.prefix_cache
+        admission = self.scheduler.admission
+        cache = self.scheduler.block_manager.prefix_cache
         return {
-            "prefix_cache_hit_rate": scheduler.num_cached_tokens / max(scheduler.num_prompt_tokens, 1),
-            "prefix_cached_tokens": scheduler.num_cached_tokens,
+            "prefix_cache_hit_rate": admission.num_cached_tokens / max(admission.num_prompt_tokens, 1),
+            "prefix_cached_tokens": admission.num_cached_tokens,
             "prefix_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
             "prefix_cache_evictions": cache.num_evictions if cache is not None else 0,
         }

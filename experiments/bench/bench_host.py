@@ -62,6 +62,9 @@ class BenchHostConfig:
 class NullExecutor:
     """An executor that runs nothing: zero duration, the simulator's synthetic samples."""
 
+    vocab_size = None  # any token id
+    num_compilations = 0
+
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Returns at once."""
         rows = plan.sampling

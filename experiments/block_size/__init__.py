@@ -25,7 +25,8 @@ from experiments.common import REPO_ROOT, provenance, write_json
 from experiments.serving import point_metrics, run_sweep
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
-from jpaged.paper.systems import SimConfig, build_engine
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import WorkloadConfig, generate_trace
 

@@ -29,7 +29,8 @@ from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from jpaged.config.presets import get_preset
 from jpaged.engine import LLMEngine
 from jpaged.paper.metrics import summarize_token_times
-from jpaged.paper.systems import SimConfig, build_engine, make_scheduler
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine, make_scheduler
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, TraceRequest, WorkloadConfig, generate_trace
 

@@ -26,7 +26,8 @@ from experiments.memory_waste import plots
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.block_manager import BlockManager
-from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine, check_system
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 
@@ -89,9 +90,9 @@ class PoolRecorder:
         bm = self.scheduler.block_manager
         for group in self.scheduler.running:
             for seq in group.seqs:
-                if not bm.has_seq(seq.seq_id):
+                if not bm.rows.has_seq(seq.seq_id):
                     continue
-                ids = bm.block_table(seq.seq_id) - 1  # block id b is column b - 1
+                ids = bm.rows.table(seq.seq_id) - 1  # block id b is column b - 1
                 self.owner[t, ids] = int(group.request_id)
                 self.written[t, ids] = True
                 if not isinstance(bm, BlockManager):  # contiguous: the whole reserved region

@@ -30,7 +30,8 @@ from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
-from jpaged.paper.systems import LABELS, SimConfig, build_engine, check_system
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import LABELS, build_engine, check_system
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import WorkloadConfig, generate_trace
 

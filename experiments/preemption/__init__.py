@@ -34,7 +34,8 @@ from jpaged.core.step_plan import StepPlan
 from jpaged.engine import LLMEngine
 from jpaged.paper.sim.cost_model import CostModel
 from jpaged.paper.sim.gpus import get_gpu
-from jpaged.paper.systems import SimConfig, build_engine
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 

@@ -26,7 +26,8 @@ from experiments.serving import point_metrics, run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
-from jpaged.paper.systems import SimConfig, build_engine, check_system
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import build_engine, check_system
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import MIN_LEN, lengths_trace, poisson_arrivals
 

@@ -27,7 +27,8 @@ from experiments.serving import point_metrics, run_sweep
 from experiments.throughput.plots import plot
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
-from jpaged.paper.systems import SYSTEMS, SimConfig, build_engine, check_system
+from jpaged.paper.sim.config import SimConfig
+from jpaged.paper.systems import SYSTEMS, build_engine, check_system
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
 

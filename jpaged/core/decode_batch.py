@@ -9,9 +9,9 @@ tokens the previous step sampled. The running set changes by events (an admissio
 last chunk, a swap-in, a finish, a preemption), and each edits the batch and its cursor in place:
 `add` appends sequences, `discard` removes them, the last row moving into the hole (vLLM v1's
 persistent input batch condenses the same way), so rows are in no particular order. The
-scheduler rebuilds it instead where order matters: on a fork, and on a removal while a group
-with several sequences runs (beam ranks follow its rows' order). Pure Python + numpy: no jax
-import.
+running set (`jpaged.core.running_batch`) rebuilds it instead where order matters: on a fork,
+and on a removal while a group with several sequences runs (beam ranks follow its rows' order).
+Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class DecodeBatch:
                 continue
             if self._lists_out:
                 self._own_lists()
-            row = kv.row_of(seq.seq_id)
+            row = kv.rows.row_of(seq.seq_id)
             self._index[seq.seq_id] = len(self.seqs)
             self.seqs.append(seq)
             self.token_lists.append(seq.token_ids)

@@ -5,8 +5,8 @@ row's position, slot and context length, plus the block tables. All of that chan
 step except at a block boundary, and each row reaches its next boundary exactly every
 `block_size` steps. `PagedDecodeCursor` keeps the next step's padded arrays, and sorts its rows
 into `block_size` classes by the step at which they cross a boundary, so a step is one array add,
-plus opening blocks for the class whose turn it is. `AppendCursor` is the generic form over any
-`KVCacheManager.append_slots` (the contiguous baselines use it).
+plus opening blocks for the class whose turn it is (`PagedPool.open_next_blocks`). `AppendCursor`
+is the generic form over any `KVCacheManager.append_slots` (the contiguous baselines use it).
 
 Both are persistent: rows join (`add`) and leave (`remove`, the last row moving into the hole,
 as vLLM v1's input batch condenses) in place, so an admission, a finish or a preemption edits a
@@ -19,7 +19,7 @@ covers whole blocks only. Pure numpy: no jax import.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -27,6 +27,23 @@ from jpaged.core.padding import bucket, table_width
 
 if TYPE_CHECKING:
     from jpaged.core.kv_manager import KVCacheManager
+    from jpaged.core.row_store import RowStore
+
+
+class PagedPool(Protocol):
+    """What `PagedDecodeCursor` needs of the paged block manager: its rows and free blocks, and
+    fresh blocks for the rows whose next token starts one."""
+
+    block_size: int
+    rows: RowStore
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Device blocks a sequence could take now."""
+
+    def open_next_blocks(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """A fresh block after the last of each of `rows` (room was checked): (the blocks, the
+        logical index each takes in its row's table)."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -36,7 +53,6 @@ def _increment(n: int, size: int) -> np.ndarray:
     inc[:, :n] = 1
     inc.flags.writeable = False
     return inc
-
 
 
 class AppendCursor:
@@ -74,14 +90,14 @@ class AppendCursor:
         appended = kv.append_slots(self._rows[:n], may_share=False)
         if appended is None:
             return None
-        padded_rows = self._rows[: bucket(n)]
+        store, padded_rows = kv.rows, self._rows[: bucket(n)]
         state = np.zeros((3, len(padded_rows)), np.int32)
-        state[2] = kv.num_tokens.take(padded_rows)
+        state[2] = store.num_tokens.take(padded_rows)
         np.subtract(state[2, :n], 1, out=state[0, :n])
         state[1, :n] = appended[0]
         longest = int(state[2, :n].max()) if n else 1
-        tables = kv.block_tables.take(padded_rows, axis=0)
-        width = table_width(-(-longest // kv.block_size), kv.max_blocks_per_seq)
+        tables = store.block_tables.take(padded_rows, axis=0)
+        width = table_width(-(-longest // kv.block_size), store.max_blocks_per_seq)
         return state, (tables if width == tables.shape[1] else np.ascontiguousarray(tables[:, :width]))
 
 
@@ -97,13 +113,13 @@ class PagedDecodeCursor:
     __slots__ = ("kv", "_row_list", "_rows", "_state", "_increment", "_tables", "_tables_out", "_blocks_in_use",
                  "_due", "_t")
 
-    def __init__(self, kv: KVCacheManager, rows: list[int]):
-        bs, n = kv.block_size, len(rows)
+    def __init__(self, kv: PagedPool, rows: list[int]):
+        bs, n, store = kv.block_size, len(rows), kv.rows
         self.kv = kv
         self._row_list = list(rows)  # [n] the rows, in batch order (a crossing row's index: .index)
         self._rows = np.zeros(bucket(n), np.int64)  # i64[S] the rows, then row 0
         self._rows[:n] = rows
-        positions = kv.num_tokens.take(self._rows[:n])  # i32[n] position of each row's next token
+        positions = store.num_tokens.take(self._rows[:n])  # i32[n] position of each row's next token
         self._state = state = np.zeros((3, len(self._rows)), np.int32)  # the next step's positions, slots, context lengths
         self._increment = _increment(n, len(self._rows))  # i32[3, S] what a step adds to it
         state[0, :n] = positions
@@ -112,10 +128,10 @@ class PagedDecodeCursor:
         # slot = block * bs + position % bs. (A row whose next token starts a block reads table
         # entry 0 here and gets its slot when it crosses.)
         logical = positions // bs
-        state[1, :n] = kv.block_tables[self._rows[:n], logical] * bs + positions % bs
+        state[1, :n] = store.block_tables[self._rows[:n], logical] * bs + positions % bs
         self._blocks_in_use = int(logical.max()) + 1 if n else 1  # the longest row's blocks after its next token
-        width = table_width(self._blocks_in_use, kv.max_blocks_per_seq)
-        self._tables = np.ascontiguousarray(kv.block_tables.take(self._rows, axis=0)[:, :width])  # i32[S, M]
+        width = table_width(self._blocks_in_use, store.max_blocks_per_seq)
+        self._tables = np.ascontiguousarray(store.block_tables.take(self._rows, axis=0)[:, :width])  # i32[S, M]
         self._tables_out = False
         # A row whose next position is p at step t starts a block at every step t' with
         # t' = t - p (mod bs): `_due[k]` holds the rows whose turn comes at the steps t' = k (mod bs).
@@ -127,25 +143,26 @@ class PagedDecodeCursor:
     def add(self, row: int) -> None:
         """Appends a row (no forked siblings; its next token gets a slot from the next step on)."""
         kv, bs, n = self.kv, self.kv.block_size, len(self._row_list)
+        store = kv.rows
         if n == len(self._rows):
             self._resize(bucket(n + 1))
-        p = int(kv.num_tokens[row])
+        p = int(store.num_tokens[row])
         logical, offset = divmod(p, bs)
         self._row_list.append(row)
         self._rows[n] = row
         state = self._state
         state[0, n] = p
-        state[1, n] = int(kv.block_tables[row, logical]) * bs + offset if offset else 0
+        state[1, n] = int(store.block_tables[row, logical]) * bs + offset if offset else 0
         state[2, n] = p + 1
         self._due[(self._t - p) % bs].append(row)
         self._increment = _increment(n + 1, len(self._rows))
         width = self._tables.shape[1]
         if logical + 1 > self._blocks_in_use:  # the longest row now: the tables may widen
             self._blocks_in_use = logical + 1
-            if table_width(logical + 1, kv.max_blocks_per_seq) > width:
-                self._regather(table_width(logical + 1, kv.max_blocks_per_seq))
+            if table_width(logical + 1, store.max_blocks_per_seq) > width:
+                self._regather(table_width(logical + 1, store.max_blocks_per_seq))
                 return
-        self._writable_tables()[n] = kv.block_tables[row, :width]
+        self._writable_tables()[n] = store.block_tables[row, :width]
 
     def remove(self, i: int) -> None:
         """Removes the row at batch index i; the last row takes its place."""
@@ -167,7 +184,7 @@ class PagedDecodeCursor:
         if p // bs + 1 >= self._blocks_in_use:  # it may have been the longest: the width is the rest's
             # (Their next tokens' blocks: as the next step will see them, crossings included.)
             self._blocks_in_use = int(state[0, :last].max()) // bs + 1 if last else 1
-            width = table_width(self._blocks_in_use, kv.max_blocks_per_seq)
+            width = table_width(self._blocks_in_use, kv.rows.max_blocks_per_seq)
             if width < tables.shape[1]:
                 self._tables = np.ascontiguousarray(tables[:, :width])
             elif width > tables.shape[1]:
@@ -191,7 +208,7 @@ class PagedDecodeCursor:
                 return None
             self._open_blocks(crossing, state)
         # (Padding rows write 0 into reserved row 0's count, which stays 0.)
-        kv.num_tokens.put(self._rows, state[2])
+        kv.rows.num_tokens.put(self._rows, state[2])
         self._state = state + self._increment
         self._t += 1
         self._tables_out = True
@@ -212,7 +229,7 @@ class PagedDecodeCursor:
         widest = max(logical) + 1
         if widest > self._blocks_in_use:
             self._blocks_in_use = widest
-            width = table_width(widest, kv.max_blocks_per_seq)
+            width = table_width(widest, kv.rows.max_blocks_per_seq)
             if width > self._tables.shape[1]:  # a row grew past the bucketed width: gather anew
                 self._regather(width)
                 return
@@ -229,7 +246,7 @@ class PagedDecodeCursor:
 
     def _regather(self, width: int) -> None:
         """`_tables` anew from the manager's, `width` columns."""
-        self._tables = np.ascontiguousarray(self.kv.block_tables.take(self._rows, axis=0)[:, :width])
+        self._tables = np.ascontiguousarray(self.kv.rows.block_tables.take(self._rows, axis=0)[:, :width])
         self._tables_out = False
 
     def _resize(self, size: int) -> None:

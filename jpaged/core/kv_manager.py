@@ -1,27 +1,26 @@
 """The memory-manager interface the scheduler talks to, whatever the KV layout behind it.
 
 The paged `BlockManager` (vLLM) and the contiguous `ContiguousBlockManager` (Orca, FasterTransformer)
-implement it; the scheduler never asks which one it has. A manager owns every block id, one
-block-table row per resident sequence (`block_tables[row]`, `num_tokens[row]`), and answers the
+implement it; the scheduler never asks which one it has. A manager owns every block id and the
+block-table rows of resident sequences (one `RowStore`, the same class in both), and answers the
 scheduler's questions in its own terms: a paged pool takes blocks as tokens come and lets forks
 share them; a contiguous one reserves a sequence's whole final length (and a group's future forks)
-at admission, so appending never fails. Pure Python + numpy: no jax import.
+at admission, so appending never fails. Swapping and prefix caching are the paged pool's: the
+contiguous one has neither (`swap` and `prefix_cache` are None). What only one manager or only a
+measurement needs stays off the interface: the paged decode cursor's `open_next_blocks`, the
+paper's usage split (`jpaged.paper.kv_usage`). Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Hashable, Protocol
+from typing import TYPE_CHECKING, Hashable, Protocol
 
 import numpy as np
 
-
-class AllocStatus(enum.Enum):
-    """Answer of `can_admit`."""
-
-    OK = "ok"  # enough free blocks now (keeping the headroom)
-    LATER = "later"  # fits in the pool, not now
-    NEVER = "never"  # needs more blocks than the whole pool (or the table width): reject
+if TYPE_CHECKING:
+    from jpaged.core.prefix_cache import PrefixCache
+    from jpaged.core.row_store import RowStore
+    from jpaged.core.swap_space import SwapSpace
 
 
 class DecodeCursor(Protocol):
@@ -46,15 +45,9 @@ class KVCacheManager(Protocol):
     """What the scheduler needs from a KV memory manager."""
 
     block_size: int  # token slots per block
-    # Row 0 is reserved: it never holds a sequence (no tokens, a table of zeros), so a step's
-    # padding rows gather it (like block 0, which padded writes land in).
-    block_tables: np.ndarray  # i32[rows, max_blocks_per_seq] physical block of each logical block
-    num_tokens: np.ndarray  # i32[rows] tokens of each row that have a slot
-    num_table_blocks: np.ndarray  # i32[rows] logical blocks in use per row
-    max_blocks_per_seq: int  # table width: max_model_len in blocks
-    watermark_blocks: int  # free blocks kept at admission while other groups run
-    num_host_blocks: int  # swap space (0: none)
-    prefix_cache: object | None  # the radix tree, when prefix caching is on
+    rows: RowStore  # the block-table rows of resident sequences (tables, token counts, seq -> row)
+    prefix_cache: PrefixCache | None  # the radix tree, when prefix caching is on
+    swap: SwapSpace | None  # host memory for preempted groups (None: the manager never swaps)
 
     @property
     def num_free_blocks(self) -> int:
@@ -64,60 +57,40 @@ class KVCacheManager(Protocol):
     def num_usable_blocks(self) -> int:
         """Device blocks that can hold tokens (all but reserved block 0)."""
 
-    @property
-    def num_free_host_blocks(self) -> int:
-        """Free swap blocks."""
+    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
+        """The fit rule: whether a group could ever run in this pool, every block free: its first
+        sequence of `num_tokens` tokens, growing to `final_len` (None: not known yet), `width`
+        sequences at most, `extra_blocks` more for its other sequences' own blocks. False means
+        reject: at the door (`request_checks`), at admission (a recomputed group that outgrew it)."""
 
-    def usage(self) -> float:
-        """Fraction of usable device blocks in use."""
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
+        """Whether a group that `fits` may start its first sequence now (`num_tokens` long,
+        `num_scheduled` of them getting slots this step, `hits` cached), keeping `headroom` blocks
+        free (None: the manager's watermark); `extra_blocks` go to its other sequences this step."""
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks holding `num_tokens` tokens."""
-
-    def has_seq(self, seq_id: int) -> bool:
-        """True when `seq_id` holds device blocks."""
-
-    def is_swapped(self, seq_id: int) -> bool:
-        """True when `seq_id` holds host blocks."""
-
-    def num_slots(self, seq_id: int) -> int:
-        """Tokens of `seq_id` that have a slot in its device row (0 when it holds none): the
-        scheduler's count of its computed tokens, this step's scheduled ones included."""
-
-    def row_of(self, seq_id: int) -> int:
-        """The block-table row of a resident sequence."""
-
-    def rows_of(self, seq_ids: list[int]) -> np.ndarray:
-        """i64[n] block-table rows of resident sequences."""
+    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+              num_tokens: int | None = None) -> int:
+        """Starts a group's first sequence holding its cached prefix; returns its row."""
 
     def match_prefix(self, token_ids: list[int], cache_salt: Hashable = None,
                      keys: list[tuple[int, ...]] | None = None) -> list[int]:
         """Cached blocks of the longest whole-block prefix of `token_ids` (empty without a cache)."""
 
-    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
-                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> AllocStatus:
-        """Whether a group's first sequence (`num_tokens` long, `num_scheduled` of them getting slots
-        this step, `hits` cached) may start, the group holding up to `width` sequences of at most
-        `final_len` tokens; `extra_blocks` go to its other sequences this step."""
-
-    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
-              num_tokens: int | None = None) -> int:
-        """Starts a group's first sequence holding its cached prefix; returns its row."""
+    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
+                     keys: list[tuple[int, ...]] | None = None) -> None:
+        """Offers a resident sequence's written full blocks to the prefix cache (if any)."""
 
     def append_slots(self, rows: np.ndarray, counts: np.ndarray | None = None, *, may_share: bool = True
                      ) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """Slots for `counts[i]` (default 1) more tokens of each row, or None (nothing changed) if out
         of blocks; `may_share=False` promises no row shares its last block with a fork."""
 
-    def blocks_needed(self, rows: list[int], counts: list[int] | None = None) -> int:
-        """Blocks `append_slots(rows, counts)` would take now (its check against `num_free_blocks`)."""
-
     def append_row(self, row: int, count: int) -> tuple[np.ndarray, list[tuple[int, int]]] | None:
         """`append_slots` for one row and `count` tokens (a prompt chunk)."""
 
-    def open_next_blocks(self, rows: list[int]) -> tuple[list[int], list[int]]:
-        """Fresh blocks for rows whose next token starts a block (the cursor checked the free
-        blocks): (the blocks, the logical index each takes in its row's table)."""
+    def blocks_needed(self, rows: list[int], counts: list[int] | None = None) -> int:
+        """Blocks `append_slots(rows, counts)` would take now (its check against `num_free_blocks`)."""
 
     def decode_cursor(self, rows: list[int]) -> DecodeCursor:
         """A cursor over `rows` (no forked siblings): each `step()` gives every row one more slot
@@ -131,25 +104,7 @@ class KVCacheManager(Protocol):
     def free(self, seq_id: int) -> None:
         """Drops a sequence's blocks (device or host)."""
 
-    def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
-                     keys: list[tuple[int, ...]] | None = None) -> None:
-        """Offers a resident sequence's written full blocks to the prefix cache (if any)."""
 
-    def can_swap_out(self, seq_ids: list[int]) -> bool:
-        """Whether these resident sequences fit in the swap space."""
-
-    def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
-        """Moves them to host memory; returns (device, host) block pairs to copy."""
-
-    def swapped_blocks(self, seq_ids: list[int]) -> int:
-        """Device blocks these swapped sequences need to come back."""
-
-    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0, headroom: int | None = None) -> bool:
-        """Whether they fit on the device now, plus `extra_blocks`, keeping `headroom` free."""
-
-    def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
-        """Brings them back; returns (host, device) block pairs to copy."""
-
-    def usage_breakdown(self, final_lens: dict[int, int], next_request: tuple[int, int] | None = None
-                        ) -> tuple[int, int, int, int]:
-        """(token_states, reserved, internal, external) slots now (paper Fig. 2)."""
+def usage(kv: KVCacheManager) -> float:
+    """Fraction of the usable device blocks in use (cached blocks nobody references count as free)."""
+    return 1.0 - kv.num_free_blocks / kv.num_usable_blocks

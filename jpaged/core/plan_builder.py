@@ -64,8 +64,8 @@ class PlanBuilder:
     def add(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None, slots: np.ndarray,
             copies: list[tuple[int, int]]) -> None:
         """Adds scheduled sequences: `counts[i]` new tokens each (None: one each, their sampled
-        tokens), whose slots are already taken (`kv.num_tokens` includes them)."""
-        ends = self.kv.num_tokens.take(rows).tolist()
+        tokens), whose slots are already taken (`kv.rows.num_tokens` includes them)."""
+        ends = self.kv.rows.num_tokens.take(rows).tolist()
         if counts is None:
             self._num_decodes += len(seqs)
             self._records += zip(seqs, rows.tolist(), [1] * len(seqs), ends)
@@ -124,11 +124,11 @@ class PlanBuilder:
 
     def _table(self, rows: list[int], longest: int, size: int) -> np.ndarray:
         """i32[size, M] the rows' block tables, M bucketed to the longest context, padding rows 0."""
-        kv = self.kv
-        width = table_width(-(-longest // kv.block_size), kv.max_blocks_per_seq)
+        kv, store = self.kv, self.kv.rows
+        width = table_width(-(-longest // kv.block_size), store.max_blocks_per_seq)
         # take() along axis 0 copies whole rows in one pass: several times cheaper than fancy
         # indexing with a column slice on batches of tens of rows.
-        tables = kv.block_tables.take(rows + [0] * (size - len(rows)), axis=0)
+        tables = store.block_tables.take(rows + [0] * (size - len(rows)), axis=0)
         return tables if width == tables.shape[1] else np.ascontiguousarray(tables[:, :width])
 
     def _decode_plan(self) -> StepPlan:
@@ -157,7 +157,7 @@ class PlanBuilder:
         decode). The running batch's decodes, when they lead, are copied in from their cursor's
         arrays; each record (admissions, chunks: a few sequences) fills its rows with slices, its
         prompt tokens from `Sequence.prompt_array`."""
-        kv, records = self.kv, self._records
+        kv, store, records = self.kv, self.kv.rows, self._records
         n_b = 0 if self._decodes is None else len(self._decodes[0].seqs)  # the batch's rows lead
         n = n_b + len(records)
         counts = [count for _, _, count, _ in records]
@@ -173,7 +173,7 @@ class PlanBuilder:
         query_start_loc[n + 1:] = total  # padded sequences own no rows
         seqs: list[Sequence] = []
         # Block-table columns: bucketed to the longest context (the batch's tables already are).
-        width = table_width(-(-max(ends) // kv.block_size), kv.max_blocks_per_seq)
+        width = table_width(-(-max(ends) // kv.block_size), store.max_blocks_per_seq)
         if n_b:
             batch, state, batch_tables = self._decodes
             seqs += batch.seqs
@@ -182,7 +182,7 @@ class PlanBuilder:
             context_lens[:n_b] = state[2, :n_b]
             query_start_loc[1: n_b + 1] = decode_ranges(n_b, bucket(n_b))[0][1: n_b + 1]  # one row each
             width = max(width, batch_tables.shape[1])
-        every_position = arange(kv.max_blocks_per_seq * kv.block_size)
+        every_position = arange(store.max_blocks_per_seq * kv.block_size)
         start = n_b
         for i, (seq, _, count, end) in enumerate(records, n_b + 1):
             seqs.append(seq)
@@ -203,7 +203,7 @@ class PlanBuilder:
         tables = np.zeros((size_s, width), np.int32)
         if n_b:
             tables[:n_b, : batch_tables.shape[1]] = batch_tables[:n_b]
-        tables[n_b:n] = kv.block_tables.take([row for _, row, _, _ in records], axis=0)[:, :width]
+        tables[n_b:n] = store.block_tables.take([row for _, row, _, _ in records], axis=0)[:, :width]
         return StepPlan(num_seqs=n, num_tokens=total, max_query_len=longest_query, token_ids=token_ids,
                         positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
                         context_lens=context_lens, block_tables=tables, logits_indices=logits_indices, seqs=seqs)

@@ -51,9 +51,9 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
         raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds "
                          f"max_num_batched_tokens={scheduler.max_num_batched_tokens} (policy 'paper' prefills "
                          f"whole prompts; policy 'chunked' splits them)")
-    if kv.blocks_for(len(prompt) + 1) > kv.num_usable_blocks:
+    if not kv.fits(len(prompt) + 1):  # the prompt and its first token (outgrowing the pool later ends it then)
         raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
-                         f"{kv.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
+                         f"{kv.rows.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
                          f"(cache.num_blocks - 1)")
     n = sampling_params.n
     if n > scheduler.max_num_seqs:

@@ -26,7 +26,7 @@ from typing import Any
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
-from jpaged.entrypoints.engine_args import build_engine
+from jpaged.entrypoints.engine_args import load_engine
 from jpaged.text.output_processor import OutputProcessor, engine_params, prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
@@ -138,7 +138,7 @@ class AsyncLLMEngine:
     @classmethod
     def from_model(cls, model: str, stream_interval: int = 1, **kwargs: Any) -> AsyncLLMEngine:
         """Builds the engine as `jpaged.LLM` does (model, config=, tokenizer=, engine arguments)."""
-        return cls(*build_engine(model, **kwargs), stream_interval=stream_interval)
+        return cls(*load_engine(model, **kwargs), stream_interval=stream_interval)
 
     @property
     def is_running(self) -> bool:

@@ -5,8 +5,9 @@ What `jpaged.LLM`, `AsyncLLMEngine.from_model` and `jpaged serve` share. `model`
 (config.json + safetensors; tokenizer.json when it has one). Engine arguments are the fields of
 ModelConfig, CacheConfig and SchedulerConfig by name (`block_size=32`, `max_num_seqs=64`,
 `enable_prefix_caching=True`, `dtype="bfloat16"`, ...); they override an optional base `config`
-(an EngineConfig or the path of its YAML). The executor is the real (JAX) one. Pure Python: the model loads only when
-`build_engine` builds the executor.
+(an EngineConfig or the path of its YAML). The executor is the real (JAX) one. Pure Python: the
+model loads only when `load_engine` builds the executor. (The paper's systems, simulated or not,
+are built by `jpaged.paper.systems.build_engine`.)
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer | None
     return None
 
 
-def build_engine(model: str, config: EngineConfig | str | Path | None = None, tokenizer: str | None = None,
-                 **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
+def load_engine(model: str, config: EngineConfig | str | Path | None = None, tokenizer: str | None = None,
+                **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
     """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None)."""
     text = load_tokenizer(model, tokenizer)
     engine = LLMEngine(engine_config(model, config, **engine_args),

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from jpaged.config import EngineConfig
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.sequence import SamplingParams
-from jpaged.entrypoints.engine_args import build_engine
+from jpaged.entrypoints.engine_args import load_engine
 from jpaged.text.output_processor import OutputProcessor, engine_params, prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
@@ -51,7 +51,7 @@ class LLM:
         `tokenizer`: another local HF directory to take the tokenizer from; `engine_args`: config
         fields by name (block_size, num_blocks, max_num_seqs, max_model_len, dtype, policy, ...)."""
         self.model = model
-        self.engine, self.tokenizer = build_engine(model, config, tokenizer, **engine_args)
+        self.engine, self.tokenizer = load_engine(model, config, tokenizer, **engine_args)
         self._processor = OutputProcessor(self.engine, self.tokenizer)
         self._num_requests = 0
 

@@ -3,13 +3,22 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from jpaged.core.step_plan import ModelOutput, StepPlan
 
 
+@runtime_checkable
 class Executor(Protocol):
     """Runs one step: block operations (swap out, swap in, copy-on-write), the model, sampling."""
+
+    vocab_size: int | None  # the model's vocabulary: token ids the engine accepts (None: any)
+
+    @property
+    def num_compilations(self) -> int:
+        """Step programs compiled so far (the engine's stats show that serving stops compiling;
+        0 for an executor that compiles nothing)."""
+        ...
 
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Applies `plan`'s block ops in order swap_out, swap_in, copy, runs its batch and samples.

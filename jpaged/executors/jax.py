@@ -113,7 +113,7 @@ class JaxExecutor:
                     * self.dtype.itemsize, _host_bytes(), "host memory")
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
-        self.vocab_size = self.spec.vocab_size
+        self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
         self._start = time.perf_counter()
 
     @property

@@ -16,49 +16,30 @@ Under simulation the baselines' decode attention is timed without the paged kern
 step: vLLM and the Orca variants (the paper's reimplementations in vLLM's Python engine) pay the
 measured vLLM line (`jpaged/paper/sim/vidur_a100_fit.json`); FasterTransformer is a C++ runtime whose
 decode loop launches its kernels asynchronously, ahead of the GPU, so by default it pays none
-(`SimConfig.fastertransformer_host_overhead`; docs/ARCHITECTURE.md, "Simulator constants").
+(`jpaged.paper.sim.config.SimConfig.fastertransformer_host_overhead`; docs/ARCHITECTURE.md,
+"Simulator constants").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from jpaged.config import EngineConfig
 from jpaged.core.scheduler import Scheduler
 from jpaged.engine import LLMEngine
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 from jpaged.paper.baselines.request_level import RequestLevelScheduler
-from jpaged.paper.sim.cost_model import CostModelConfig
+from jpaged.paper.sim.config import SimConfig
+
+if TYPE_CHECKING:
+    from jpaged.paper.sim.executor import SimExecutor
 
 System = Literal["vllm", "orca_oracle", "orca_pow2", "orca_max", "fastertransformer"]
 SYSTEMS: tuple[str, ...] = ("vllm", "orca_oracle", "orca_pow2", "orca_max", "fastertransformer")
 LABELS = {"vllm": "vLLM", "orca_oracle": "Orca (Oracle)", "orca_pow2": "Orca (Pow2)",
           "orca_max": "Orca (Max)", "fastertransformer": "FasterTransformer"}
 _ORCA_POLICY = {"orca_oracle": "oracle", "orca_pow2": "pow2", "orca_max": "max"}
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """The modeled hardware of the simulated executor (ignored by the real one)."""
-
-    gpu: str = "a100-40gb"  # jpaged.paper.sim.gpus name: a100-40gb, a100-80gb, h100, h200
-    tp: int = 1  # tensor-parallel GPUs (Megatron); the KV pool is the per-GPU pool's block ids
-    dtype: Literal["float16", "bfloat16", "float32"] = "float16"  # modeled weight and KV dtype (paper: FP16)
-    cost: CostModelConfig = dataclasses.field(default_factory=CostModelConfig)  # efficiencies, overheads
-    # FasterTransformer's host seconds per step: none (a C++ loop that runs ahead of the GPU) or
-    # vllm (the measured Python line every other system pays; a sensitivity setting)
-    fastertransformer_host_overhead: Literal["none", "vllm"] = "none"
-    # Beam candidates: null = seeded random (synthetic_candidates); a path (.npz, relative to the
-    # working directory) = a trained model's recorded beam search, replayed (executors/sim.py BeamReplay)
-    beam_trace: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.tp < 1:
-            raise ValueError(f"sim.tp must be >= 1, got {self.tp}")
-        if self.fastertransformer_host_overhead not in ("none", "vllm"):
-            raise ValueError(f"sim.fastertransformer_host_overhead must be 'none' or 'vllm', "
-                             f"got {self.fastertransformer_host_overhead!r}")
 
 
 def check_system(system: str) -> None:
@@ -82,7 +63,7 @@ def make_scheduler(system: str, config: EngineConfig) -> Scheduler:
     return Scheduler(sched, cache, manager)
 
 
-def make_sim_executor(system: str, config: EngineConfig, sim: SimConfig):
+def make_sim_executor(system: str, config: EngineConfig, sim: SimConfig) -> SimExecutor:
     """A SimExecutor for `system` on the modeled hardware (contiguous kernels for the baselines)."""
     from jpaged.config.presets import get_preset
     from jpaged.paper.sim.executor import SimExecutor, load_beam_replay

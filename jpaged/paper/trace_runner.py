@@ -18,6 +18,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
+from jpaged.core.kv_manager import usage
 from jpaged.core.scheduler import SchedulerOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import ModelOutput, StepPlan
@@ -132,7 +133,7 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], *, track_kv: bool = 
                                        "requests unfinished and none left to arrive")
                 wait(trace[i].arrival_time + t0)
             elif show_progress and engine.num_steps % 256 == 0:
-                bar.set_postfix(t_s=f"{executor.now():.0f}", kv=f"{engine.scheduler.block_manager.usage():.0%}",
+                bar.set_postfix(t_s=f"{executor.now():.0f}", kv=f"{usage(engine.scheduler.block_manager):.0%}",
                                 refresh=False)
     finally:
         engine.observers.remove(meter)

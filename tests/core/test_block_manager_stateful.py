@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from jpaged.core.block_manager import BlockManager
-from jpaged.core.kv_manager import AllocStatus
+from tests.helpers.kv import allocate
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 17
@@ -37,29 +37,28 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @rule(num_tokens=st.integers(1, 40))
     def allocate(self, num_tokens):
-        status = self.bm.can_admit(num_tokens, num_tokens)
-        if status is AllocStatus.OK:
+        if self.bm.fits(num_tokens) and self.bm.can_admit(num_tokens, num_tokens):
             seq = self._new_id()
-            self.bm.allocate(seq, num_tokens)
+            allocate(self.bm, seq, num_tokens)
             self.resident.add(seq)
-            assert self.bm.num_tokens[self.bm.row_of(seq)] == num_tokens
+            assert self.bm.rows.num_tokens[self.bm.rows.row_of(seq)] == num_tokens
 
     @precondition(lambda self: self.resident)
     @rule(data=st.data())
     def append(self, data):
         seqs = data.draw(st.lists(st.sampled_from(sorted(self.resident)), min_size=1, max_size=4, unique=True))
-        rows = np.array([self.bm.row_of(s) for s in seqs])
+        rows = self.bm.rows.rows_of(seqs)
         one_each = data.draw(st.booleans())
         counts = None if one_each else np.array(data.draw(st.lists(st.integers(1, 6), min_size=len(rows),
                                                                    max_size=len(rows))))
-        pos = self.bm.num_tokens[rows]
+        pos = self.bm.rows.num_tokens[rows]
         end = pos + (1 if counts is None else counts)
         if (end > 48).any():
             return
         free_before = self.bm.num_free_blocks
         refcount_before = self.bm.refcount.copy()
         new_blocks = int((-(-end // BLOCK_SIZE) - -(-pos // BLOCK_SIZE)).sum())
-        last = self.bm.block_tables[rows, np.maximum(self.bm.num_table_blocks[rows] - 1, 0)]
+        last = self.bm.rows.block_tables[rows, np.maximum(self.bm.rows.num_table_blocks[rows] - 1, 0)]
         shared_writes = int(((pos % BLOCK_SIZE != 0) & (refcount_before[last] > 1)).sum())
         result = self.bm.append_slots(rows, counts)
         if result is None:  # out of blocks: nothing may have changed
@@ -81,7 +80,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fork(self, data):
         parent = data.draw(st.sampled_from(sorted(self.resident)))
-        full = int(self.bm.num_tokens[self.bm.row_of(parent)]) // BLOCK_SIZE
+        full = self.bm.rows.num_slots(parent) // BLOCK_SIZE
         num_blocks = data.draw(st.one_of(st.none(), st.integers(0, full)))
         child = self._new_id()
         self.bm.fork(parent, child, num_blocks)
@@ -99,8 +98,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_out(self, data):
         seqs = data.draw(st.lists(st.sampled_from(sorted(self.resident)), min_size=1, max_size=3, unique=True))
-        if self.bm.can_swap_out(seqs):
-            pairs = self.bm.swap_out(seqs)
+        if self.bm.swap.can_swap_out(seqs):
+            pairs = self.bm.swap.swap_out(seqs)
             assert len({d for d, _ in pairs}) == len(pairs) == len({h for _, h in pairs})
             self.resident -= set(seqs)
             self.swapped |= set(seqs)
@@ -109,8 +108,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def swap_in(self, data):
         seqs = data.draw(st.lists(st.sampled_from(sorted(self.swapped)), min_size=1, max_size=3, unique=True))
-        if self.bm.can_swap_in(seqs):
-            self.bm.swap_in(seqs)
+        if self.bm.swap.can_swap_in(seqs):
+            self.bm.swap.swap_in(seqs)
             self.swapped -= set(seqs)
             self.resident |= set(seqs)
 
@@ -119,8 +118,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         bm = self.bm
         refs = Counter()
         for seq in self.resident:
-            table = bm.block_table(seq)
-            assert len(table) == bm.blocks_for(int(bm.num_tokens[bm.row_of(seq)]))
+            table = bm.rows.table(seq)
+            assert len(table) == bm.rows.blocks_for(bm.rows.num_slots(seq))
             assert len(set(table.tolist())) == len(table)
             refs.update(table.tolist())
         assert 0 not in refs and bm.refcount[0] == 0
@@ -137,13 +136,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
         host_refs = Counter()
         for seq in self.swapped:
-            host_refs.update(bm._host_tables[seq][0])
+            host_refs.update(bm.swap._tables[seq][0])
         expected_host = np.zeros(NUM_HOST, dtype=np.int64)
         for block, count in host_refs.items():
             expected_host[block] = count
-        np.testing.assert_array_equal(bm.host_refcount, expected_host)
-        host_free = set(bm._host_free)
-        assert len(host_free) == len(bm._host_free) and not host_free & set(host_refs)
+        np.testing.assert_array_equal(bm.swap.refcount, expected_host)
+        host_free = set(bm.swap._free)
+        assert len(host_free) == len(bm.swap._free) and not host_free & set(host_refs)
         assert len(host_free) + len(host_refs) == NUM_HOST
 
 
@@ -164,11 +163,11 @@ class PrefixCachingMachine(BlockManagerMachine):
     def allocate_with_prefix(self, data, salt):
         prompt = data.draw(st.lists(st.integers(0, 1), min_size=1, max_size=20))
         hits = self.bm.match_prefix(prompt, salt)
-        if self.bm.can_admit(len(prompt), len(prompt), hits) is AllocStatus.OK:
+        if self.bm.fits(len(prompt)) and self.bm.can_admit(len(prompt), len(prompt), hits):
             seq = self._new_id()
-            self.bm.allocate(seq, len(prompt), hits)
+            allocate(self.bm, seq, len(prompt), hits)
             assert len(hits) * BLOCK_SIZE < len(prompt)
-            assert list(self.bm.block_table(seq)[: len(hits)]) == hits
+            assert list(self.bm.rows.table(seq)[: len(hits)]) == hits
             self.bm.cache_blocks(seq, prompt, salt)
             self.resident.add(seq)
 

@@ -22,6 +22,7 @@ class HashTokens:
     """No model: each sampled token is a hash of (request, position), so stop tokens are hit."""
 
     vocab_size = VOCAB
+    num_compilations = 0
 
     def __init__(self):
         self.clock = 0.0
@@ -51,9 +52,10 @@ class CheckSkippedStops(EngineObserver):
     def on_step_executed(self, engine, out, result, start, end):
         plan = out.plan
         bm = engine.scheduler.block_manager
+        store = bm.rows
         if plan.num_seqs:
             longest = int(plan.context_lens[: plan.num_seqs].max())
-            assert plan.block_tables.shape[1] == min(bucket(-(-longest // bm.block_size)), bm.max_blocks_per_seq)
+            assert plan.block_tables.shape[1] == min(bucket(-(-longest // bm.block_size)), store.max_blocks_per_seq)
         rows = plan.sampling
         if rows is not None and out.batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler
@@ -63,22 +65,22 @@ class CheckSkippedStops(EngineObserver):
             n = rows.num_batch_rows
             fresh = rows.seqs[:n]
             others = {id(s) for s in plan.seqs[n:]}
-            want = [s for g in scheduler.running if g not in scheduler._partial for s in g.live_seqs()
+            want = [s for g in scheduler.running if g not in scheduler.running_batch.partial for s in g.live_seqs()
                     if id(s) not in others]
             assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
             assert plan.seqs[:n] == fresh and out.batch.seqs == fresh and len({id(s) for s in fresh}) == n
-            np.testing.assert_array_equal(out.batch.rows, bm.rows_of([s.seq_id for s in fresh]))
+            np.testing.assert_array_equal(out.batch.rows, store.rows_of([s.seq_id for s in fresh]))
             np.testing.assert_array_equal(plan.token_ids[:n], [s.token_ids[-1] for s in fresh])
             # ... and the cursor's arrays are the block manager's truth after the step's slots
-            rows_of = bm.rows_of([s.seq_id for s in fresh])
-            ends = bm.num_tokens[rows_of]
+            rows_of = store.rows_of([s.seq_id for s in fresh])
+            ends = store.num_tokens[rows_of]
             np.testing.assert_array_equal(plan.context_lens[:n], ends)
             np.testing.assert_array_equal(plan.positions[:n], ends - 1)
-            blocks = bm.block_tables[rows_of, (ends - 1) // bm.block_size]
+            blocks = store.block_tables[rows_of, (ends - 1) // bm.block_size]
             np.testing.assert_array_equal(plan.slot_mapping[:n], blocks * bm.block_size + (ends - 1) % bm.block_size)
             width = plan.block_tables.shape[1]
-            np.testing.assert_array_equal(plan.block_tables[:n], bm.block_tables[rows_of, :width])
-            assert not bm.block_tables[rows_of, width:].any()
+            np.testing.assert_array_equal(plan.block_tables[:n], store.block_tables[rows_of, :width])
+            assert not store.block_tables[rows_of, width:].any()
             assert not plan.block_tables[plan.num_seqs:].any()
             self.num_batch_steps += n == plan.num_seqs
             self.num_mixed_steps += n < plan.num_seqs

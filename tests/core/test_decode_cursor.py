@@ -15,15 +15,16 @@ from hypothesis import strategies as st
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_cursor import AppendCursor, PagedDecodeCursor
 from jpaged.core.padding import bucket
+from tests.helpers.kv import allocate
 
 
 def _twins(block_size: int, num_blocks: int, lengths: list[int], prefix_caching: bool):
     managers = [BlockManager(num_blocks, block_size, 0, 128 * block_size, watermark=0.0, max_seqs=32,
                              enable_prefix_caching=prefix_caching) for _ in range(2)]
-    rows = [[bm.allocate(i, n) for i, n in enumerate(lengths)] for bm in managers]
+    rows = [[allocate(bm, i, n) for i, n in enumerate(lengths)] for bm in managers]
     if prefix_caching:  # cached, unreferenced blocks: opening a block then evicts them
         for bm in managers:
-            extra = bm.allocate(1000, 2 * block_size)
+            extra = allocate(bm, 1000, 2 * block_size)
             bm.cache_blocks(1000, list(range(2 * block_size)))
             bm.free(1000)
             assert extra and bm.prefix_cache.num_evictable == 2
@@ -32,7 +33,8 @@ def _twins(block_size: int, num_blocks: int, lengths: list[int], prefix_caching:
 
 
 def _manager_state(bm: BlockManager):
-    return (bm.block_tables.copy(), bm.refcount.copy(), bm.num_tokens.copy(), bm.num_table_blocks.copy(),
+    rows = bm.rows
+    return (rows.block_tables.copy(), bm.refcount.copy(), rows.num_tokens.copy(), rows.num_table_blocks.copy(),
             list(bm._free), bm.num_free_blocks)
 
 
@@ -58,9 +60,9 @@ def test_paged_cursor_matches_append_slots(block_size, lengths, events, spare, p
     next_id = len(lengths)
     for event in events:
         if event[0] == "add":  # a sequence joins: admitted (its prompt's slots taken) the step before
-            if paged_bm.blocks_for(event[1]) > paged_bm.num_free_blocks:
+            if paged_bm.rows.blocks_for(event[1]) > paged_bm.num_free_blocks:
                 continue
-            row = [bm.allocate(next_id, event[1]) for bm in (paged_bm, generic_bm)]
+            row = [allocate(bm, next_id, event[1]) for bm in (paged_bm, generic_bm)]
             assert row[0] == row[1]
             paged.add(row[0])
             generic.add(row[0])
@@ -91,22 +93,22 @@ def test_paged_cursor_matches_append_slots(block_size, lengths, events, spare, p
         n = len(live)
         assert state.shape[1] == tables.shape[0] == bucket(n)
         assert not state[:, n:].any() and not tables[n:].any()  # padding rows are zero
-        rows_now = paged_bm.rows_of(live)
-        np.testing.assert_array_equal(state[2, :n], paged_bm.num_tokens[rows_now])
+        rows_now = paged_bm.rows.rows_of(live)
+        np.testing.assert_array_equal(state[2, :n], paged_bm.rows.num_tokens[rows_now])
 
 
 def test_returned_arrays_are_never_written_again():
     (bm, _), rows = _twins(2, 60, [1, 2, 3], prefix_caching=False)
     cursor = PagedDecodeCursor(bm, rows)
     taken = [cursor.step() for _ in range(6)]
-    cursor.add(bm.allocate(10, 5))  # edits between steps touch only the cursor's own buffers
+    cursor.add(allocate(bm, 10, 5))  # edits between steps touch only the cursor's own buffers
     taken.append(cursor.step())
     cursor.remove(0)
     copies = [(state.copy(), tables.copy()) for state, tables in taken]
     for _ in range(6):
         cursor.step()
     cursor.remove(1)
-    cursor.add(bm.allocate(11, 3))
+    cursor.add(allocate(bm, 11, 3))
     cursor.step()
     for (state, tables), (state_copy, tables_copy) in zip(taken, copies):
         np.testing.assert_array_equal(state, state_copy)
@@ -125,7 +127,7 @@ def test_tables_narrow_and_widen_with_the_longest_row():
     got, want = paged.step(), generic.step()
     _assert_same_step(got, want)
     assert got[1].shape[1] == 8
-    row = [bm.allocate(5, 30) for bm in (paged_bm, generic_bm)]
+    row = [allocate(bm, 5, 30) for bm in (paged_bm, generic_bm)]
     paged.add(row[0])
     generic.add(row[1])
     for _ in range(3):

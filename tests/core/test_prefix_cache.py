@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from jpaged.core.block_manager import BlockManager
-from jpaged.core.kv_manager import AllocStatus
 from jpaged.core.prefix_cache import PrefixCache, block_keys
+from tests.helpers.kv import allocate
 
 
 def test_match_insert_and_lru_eviction_of_leaves():
@@ -38,12 +38,12 @@ def test_block_manager_shares_cached_prefix_and_evicts_when_needed():
     bm = BlockManager(9, 4, 0, 64, watermark=0.0, enable_prefix_caching=True)
     prompt = list(range(100, 110))  # 10 tokens: 2 full blocks + 2 tokens
     assert bm.match_prefix(prompt) == []
-    bm.allocate(1, len(prompt))
+    allocate(bm, 1, len(prompt))
     bm.cache_blocks(1, prompt)
     hits = bm.match_prefix(prompt + [7])
-    bm.allocate(2, len(prompt) + 1, hits)
-    assert len(hits) == 2 and list(bm.block_table(2)[:2]) == list(bm.block_table(1)[:2])
-    assert all(bm.refcount[b] == 2 for b in bm.block_table(1)[:2])
+    allocate(bm, 2, len(prompt) + 1, hits)
+    assert len(hits) == 2 and list(bm.rows.table(2)[:2]) == list(bm.rows.table(1)[:2])
+    assert all(bm.refcount[b] == 2 for b in bm.rows.table(1)[:2])
     assert bm.num_free_blocks == 8 - 4  # 2 shared blocks + a tail block each
     bm.free(1)
     bm.free(2)
@@ -51,14 +51,15 @@ def test_block_manager_shares_cached_prefix_and_evicts_when_needed():
     assert bm.num_free_blocks == 8 and bm.prefix_cache.num_evictable == 2
     # A never-100% hit: a prompt of exactly 2 cached blocks recomputes its last block.
     hits = bm.match_prefix(prompt[:8])
-    assert len(hits) == 1 and bm.can_admit(8, 8, hits) is AllocStatus.OK
-    bm.allocate(3, 8, hits)
+    assert len(hits) == 1 and bm.can_admit(8, 8, hits)
+    allocate(bm, 3, 8, hits)
     # Fill the pool: the unreferenced cached block is evicted last, referenced ones never.
-    bm.allocate(4, 4 * 6)
+    allocate(bm, 4, 4 * 6)
     assert bm.num_free_blocks == 0
     assert bm.prefix_cache.num_evictions == 1
-    with pytest.raises(ValueError, match="blocks but only 0 are free"):
-        bm.allocate(5, 1)
+    assert not bm.can_admit(1, 1)
+    with pytest.raises(RuntimeError, match="out of device blocks"):
+        bm.take_block()
     bm.free(3)
     bm.free(4)
     assert bm.num_free_blocks == 8

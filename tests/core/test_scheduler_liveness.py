@@ -29,6 +29,7 @@ class RandomTokens:
     beams get seeded random candidates, so runs are deterministic and tokens vary (stop tokens hit)."""
 
     vocab_size = VOCAB
+    num_compilations = 0
 
     def __init__(self):
         self.clock = 0.0
@@ -61,8 +62,8 @@ class RandomTokens:
         holders: dict[int, list] = {}  # block -> sequences whose tables hold it
         for group in self.scheduler.running:
             for seq in group.seqs:
-                if bm.has_seq(seq.seq_id):
-                    for block in bm.block_table(seq.seq_id).tolist():
+                if bm.rows.has_seq(seq.seq_id):
+                    for block in bm.rows.table(seq.seq_id).tolist():
                         holders.setdefault(block, []).append(seq)
         slots = plan.slot_mapping[: plan.num_tokens].tolist()
         for s, seq in enumerate(plan.seqs):
@@ -82,8 +83,8 @@ class InvariantChecker(EngineObserver):
         refs = Counter()
         for group in scheduler.running:
             for seq in group.seqs:
-                if bm.has_seq(seq.seq_id):
-                    refs.update(bm.block_table(seq.seq_id).tolist())
+                if bm.rows.has_seq(seq.seq_id):
+                    refs.update(bm.rows.table(seq.seq_id).tolist())
         assert 0 not in refs
         expected = np.zeros(bm.num_blocks, np.int64)
         for block, count in refs.items():

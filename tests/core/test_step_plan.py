@@ -19,17 +19,18 @@ from jpaged.core.decode_batch import DecodeBatch
 from jpaged.core.padding import bucket
 from jpaged.core.plan_builder import PlanBuilder
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
+from tests.helpers.kv import allocate
 
 
 def _reference(bm: BlockManager, seqs, rows, counts):
     bs = bm.block_size
     tokens, positions, slots, qsl, ends = [], [], [], [0], []
     for seq, row, count in zip(seqs, rows, counts):
-        end = int(bm.num_tokens[row])
+        end = int(bm.rows.num_tokens[row])
         for p in range(end - count, end):
             tokens.append(seq.token_ids[p])
             positions.append(p)
-            slots.append(int(bm.block_tables[row, p // bs]) * bs + p % bs)
+            slots.append(int(bm.rows.block_tables[row, p // bs]) * bs + p % bs)
         qsl.append(qsl[-1] + count)
         ends.append(end)
     return tokens, positions, slots, qsl, ends
@@ -54,19 +55,19 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     all_seqs, all_rows, all_counts = [], [], []
     if decoding:  # the batch's decodes lead, through its cursor
         seqs = [new_seq(n) for n in decoding]
-        rows = np.array([bm.allocate(s.seq_id, len(s) - 1) if len(s) > 1 else bm.admit(s.seq_id) for s in seqs])
+        rows = np.array([allocate(bm, s.seq_id, len(s) - 1) if len(s) > 1 else bm.admit(s.seq_id) for s in seqs])
         batch = DecodeBatch(bm, seqs)
         builder.add_decodes(batch, *batch.step())
         all_seqs, all_rows, all_counts = list(seqs), list(rows), [1] * len(seqs)
     for _ in range(one_token_decodes):  # a decode segment of its own (a swapped-in group's, say)
         seq = new_seq(int(rng.integers(2, 30)))
-        row = bm.allocate(seq.seq_id, len(seq) - 1)
+        row = allocate(bm, seq.seq_id, len(seq) - 1)
         slots, copies = bm.append_slots(np.array([row]))
         builder.add([seq], np.array([row]), None, slots, copies)
         all_seqs.append(seq), all_rows.append(row), all_counts.append(1)
     for cached, count in chunks:  # prompt chunks: the next `count` tokens after `cached`
         seq = new_seq(cached + count + int(rng.integers(0, 5)))
-        row = bm.allocate(seq.seq_id, cached) if cached else bm.admit(seq.seq_id)
+        row = allocate(bm, seq.seq_id, cached) if cached else bm.admit(seq.seq_id)
         rows, counts = np.array([row]), np.array([count])
         slots, copies = bm.append_slots(rows, counts)
         builder.add([seq], rows, counts, slots, copies)
@@ -88,10 +89,10 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     np.testing.assert_array_equal(plan.query_start_loc, qsl + [total] * (S - n))
     np.testing.assert_array_equal(plan.context_lens, ends + [0] * (S - n))
     np.testing.assert_array_equal(plan.logits_indices[:n], np.array(qsl[1:]) - 1)
-    assert M == min(bucket(-(-max(ends, default=1) // block_size)), bm.max_blocks_per_seq)
+    assert M == min(bucket(-(-max(ends, default=1) // block_size)), bm.rows.max_blocks_per_seq)
     for i, row in enumerate(all_rows):
         used = -(-ends[i] // block_size)
-        np.testing.assert_array_equal(plan.block_tables[i, :used], bm.block_tables[row, :used])
+        np.testing.assert_array_equal(plan.block_tables[i, :used], bm.rows.block_tables[row, :used])
     assert not plan.block_tables[n:].any()
     assert plan.num_prefill_tokens == sum(count for _, count in chunks)
     # Sampling: every sequence whose context reaches its end, once, reading its own logits row.

@@ -43,9 +43,9 @@ def test_concurrent_requests_share_blocks_while_running():
         engine.add_request(str(i), p, SamplingParams(max_tokens=4))
     engine.step()  # one prefill admits all; later prompts share the first one's system blocks
     bm = engine.scheduler.block_manager
-    first = bm.block_table(engine._groups["0"].seqs[0].seq_id)[:5]
+    first = bm.rows.table(engine._groups["0"].seqs[0].seq_id)[:5]
     for i in range(1, len(prompts)):
-        assert list(bm.block_table(engine._groups[str(i)].seqs[0].seq_id)[:5]) == list(first)
+        assert list(bm.rows.table(engine._groups[str(i)].seqs[0].seq_id)[:5]) == list(first)
     assert all(bm.refcount[b] == len(prompts) for b in first)
 
 

@@ -14,7 +14,7 @@ def test_parallel_sampling_shares_prompt_blocks_and_is_seeded():
     engine.step()  # prefill: one copy of the prompt, then 4 forks share it
     bm = engine.scheduler.block_manager
     group = engine._groups["a"]
-    tables = [bm.block_table(s.seq_id).tolist() for s in group.seqs]
+    tables = [bm.rows.table(s.seq_id).tolist() for s in group.seqs]
     assert len(group.seqs) == 4 and all(t == tables[0] for t in tables)
     assert bm.num_usable_blocks - bm.num_free_blocks == 3  # not 12
     assert all(bm.refcount[b] == 4 for b in tables[0])

@@ -148,6 +148,11 @@ class FailingExecutor:
 
     def __init__(self, inner):
         self.inner, self.fail = inner, None
+        self.vocab_size = inner.vocab_size
+
+    @property
+    def num_compilations(self):
+        return self.inner.num_compilations
 
     def execute(self, plan):
         result = self.inner.execute(plan)

@@ -11,15 +11,16 @@ from experiments.serving import sharing_counts
 from jpaged.config import ModelConfig
 from jpaged.core.block_manager import BlockManager
 from jpaged.paper.workloads import conversation_lengths
+from tests.helpers.kv import allocate
 
 
 def test_sharing_counts_by_hand():
     bm = BlockManager(20, 4, 0, max_model_len=64)
-    bm.allocate(0, 10)  # 3 blocks, the last one half full
+    allocate(bm, 0, 10)  # 3 blocks, the last one half full
     bm.fork(0, 1)
     bm.fork(0, 2)
     assert sharing_counts(bm, [0, 1, 2]) == (3, 9)  # saving 1 - 3/9
-    bm.append_slots(np.array([bm.row_of(1), bm.row_of(2)]))  # both copy the shared last block
+    bm.append_slots(bm.rows.rows_of([1, 2]))  # both copy the shared last block
     assert sharing_counts(bm, [0, 1, 2]) == (5, 9)
     assert sharing_counts(bm, [0]) == (3, 3) and sharing_counts(bm, []) == (0, 0)
 

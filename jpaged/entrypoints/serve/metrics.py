@@ -22,6 +22,7 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from jpaged.core.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.scheduler import SchedulerOutput
 from jpaged.core.sequence import SequenceGroup
@@ -98,6 +99,8 @@ class PrometheusObserver(EngineObserver):
         self.running.set(len(scheduler.running))
         self.waiting.set(len(scheduler.waiting))
         self.swapped.set(len(scheduler.swapped))
-        self.gpu_cache.set(bm.usage())
-        self.cpu_cache.set(1.0 - bm.num_free_host_blocks / bm.num_host_blocks if bm.num_host_blocks else 0.0)
-        self.prefix_hit_rate.set(scheduler.num_cached_tokens / max(scheduler.num_prompt_tokens, 1))
+        self.gpu_cache.set(usage(bm))
+        swap = bm.swap
+        self.cpu_cache.set(1.0 - swap.num_free_blocks / swap.num_blocks if swap is not None and swap.num_blocks else 0.0)
+        admission = scheduler.admission
+        self.prefix_hit_rate.set(admission.num_cached_tokens / max(admission.num_prompt_tokens, 1))

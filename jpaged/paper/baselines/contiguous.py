@@ -8,7 +8,8 @@ at least one block, and a region at buddy offset `o` is the consecutive block id
 scheduler, StepPlans and executors (simulated or real) serve Orca and vLLM alike.
 
 A reservation covers the sequence's final length, so appending never fails and Orca never
-preempts; there is no swap space.
+preempts; there is no swap space and no prefix cache. The block-table rows are the paged
+manager's own `RowStore`; what is contiguous-only (regions, reservations, the fork family) is here.
 
 Requests with several sequences (parallel sampling, beam search) share nothing: a group of width
 n reserves n regions at admission (`width = n`), and `fork` gives
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.core.decode_cursor import AppendCursor
-from jpaged.core.kv_manager import AllocStatus
+from jpaged.core.row_store import RowStore
 from jpaged.paper.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
 
 
@@ -33,9 +34,7 @@ class ContiguousBlockManager:
     (implements `kv_manager.KVCacheManager`)."""
 
     prefix_cache = None  # no prefix sharing in the contiguous baselines
-    num_host_blocks = 0  # no swap space: Orca never preempts
-    num_free_host_blocks = 0
-    watermark_blocks = 0  # nothing grows past its reservation, so no admission headroom is needed
+    swap = None  # no swap space: Orca never preempts (nothing grows past its reservation)
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, policy: Policy,
                  max_seqs: int = 256):
@@ -49,17 +48,14 @@ class ContiguousBlockManager:
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
         self.policy = policy
-        self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.buddy = BuddyAllocator(num_blocks - 1)  # unit = one block; unit u is block u + 1
-        rows = max(1, max_seqs) + 1  # row 0 is reserved (see kv_manager.KVCacheManager)
-        self.block_tables = np.zeros((rows, self.max_blocks_per_seq), dtype=np.int32)  # [rows, M]
-        self.num_table_blocks = np.zeros(rows, dtype=np.int32)  # [rows] blocks holding tokens
-        self.num_tokens = np.zeros(rows, dtype=np.int32)  # [rows] tokens that have a slot
+        # The rows hold the blocks in use (`num_table_blocks`: blocks holding tokens); each row's
+        # region, reserved whole at admission, is per row beside them (grown with the store).
+        self.rows = RowStore(block_size, -(-max_model_len // block_size), max(1, max_seqs) + 1)
+        rows = self.rows.num_rows
         self.base = np.zeros(rows, dtype=np.int64)  # [rows] first block id of the row's region
         self.region_blocks = np.zeros(rows, dtype=np.int64)  # [rows] blocks in the region (a power of two)
         self.final_len = np.zeros(rows, dtype=np.int64)  # [rows] prompt + max_tokens of the sequence
-        self._free_rows = list(range(rows - 1, 0, -1))
-        self._row_of: dict[int, int] = {}  # seq id -> row
         # Groups of forked sequences, keyed by the id of the sequence admitted first (the root).
         self._family: dict[int, int] = {}  # seq id -> root id
         self._members: dict[int, int] = {}  # root id -> live sequences holding a row
@@ -79,51 +75,10 @@ class ContiguousBlockManager:
         """Blocks that can hold tokens (all but block 0)."""
         return self.num_blocks - 1
 
-    def usage(self) -> float:
-        """Fraction of usable blocks inside allocated regions."""
-        return 1.0 - self.buddy.free_units / self.num_usable_blocks
-
-    def has_seq(self, seq_id: int) -> bool:
-        """True when `seq_id` holds a region."""
-        return seq_id in self._row_of
-
-    def is_swapped(self, seq_id: int) -> bool:
-        """Always False: the contiguous baselines have no swap space."""
-        return False
-
-    def num_slots(self, seq_id: int) -> int:
-        """Tokens of `seq_id` that have a slot in its device row (0 when it holds none)."""
-        row = self._row_of.get(seq_id)
-        return 0 if row is None else int(self.num_tokens[row])
-
-    def row_of(self, seq_id: int) -> int:
-        """The block-table row of a resident sequence."""
-        try:
-            return self._row_of[seq_id]
-        except KeyError:
-            raise KeyError(f"sequence {seq_id} holds no region") from None
-
-    def rows_of(self, seq_ids: list[int]) -> np.ndarray:
-        """i64[n] block-table rows of resident sequences (KeyError names the first that is not)."""
-        row_of = self._row_of
-        try:
-            return np.array([row_of[s] for s in seq_ids], dtype=np.int64)
-        except KeyError as exc:
-            raise KeyError(f"sequence {exc.args[0]} holds no region") from None
-
-    def block_table(self, seq_id: int) -> np.ndarray:
-        """A copy of the block ids holding the sequence's tokens, in logical order."""
-        row = self.row_of(seq_id)
-        return self.block_tables[row, : self.num_table_blocks[row]].copy()
-
     def region(self, seq_id: int) -> tuple[int, int]:
         """(first block id, number of blocks) of the sequence's whole reserved region."""
-        row = self.row_of(seq_id)
+        row = self.rows.row_of(seq_id)
         return int(self.base[row]), int(self.region_blocks[row])
-
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks needed to hold `num_tokens` tokens."""
-        return -(-num_tokens // self.block_size)
 
     def reserved_blocks(self, num_tokens: int, final_len: int) -> int:
         """Blocks the policy asks the buddy for: the token reservation rounded up to whole blocks.
@@ -135,7 +90,7 @@ class ContiguousBlockManager:
             raise ValueError(f"final_len must exceed num_tokens ({num_tokens}) for a contiguous "
                              f"reservation, got {final_len}")
         tokens = reservation(self.policy, num_tokens, final_len - num_tokens, self.max_model_len)
-        return self.blocks_for(tokens)
+        return self.rows.blocks_for(tokens)
 
     # ------------------------------------------------------------------ admission
 
@@ -143,8 +98,19 @@ class ContiguousBlockManager:
         """Always empty: the contiguous baselines share no prefix."""
         return []
 
+    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
+        """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` could
+        ever be placed, the buddy empty (a block of order o holds 2^(o - k) regions of order k).
+        Before the reservation can be sized (`final_len` None: the door checks the prompt) only
+        the tokens themselves must fit. (`extra_blocks`: none here; forks take reserved regions.)"""
+        if final_len is None:
+            need = self.rows.blocks_for(num_tokens)
+            return need <= self.rows.max_blocks_per_seq and need <= self.num_usable_blocks
+        k = order_of(self.reserved_blocks(num_tokens, final_len))
+        return k <= self.buddy.max_order and self.buddy.num_units >> k >= width
+
     def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
-                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> AllocStatus:
+                  final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
         """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` fit now.
 
         The whole reservation is taken at admission, so `num_scheduled`, `headroom` and
@@ -154,22 +120,20 @@ class ContiguousBlockManager:
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
         k = order_of(self.reserved_blocks(num_tokens, final_len))
-        if k > self.buddy.max_order or self.buddy.num_units >> k < width:
-            return AllocStatus.NEVER
         if width == 1:  # the common case, O(log n)
-            return AllocStatus.OK if self.buddy.can_allocate(1 << k) else AllocStatus.LATER
-        fits = sum(units >> k for _, units in self.buddy.free_blocks())
-        return AllocStatus.OK if fits >= width else AllocStatus.LATER
+            return self.buddy.can_allocate(1 << k)
+        return sum(units >> k for _, units in self.buddy.free_blocks()) >= width
 
     def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
               num_tokens: int | None = None) -> int:
         """Reserves a region for a new sequence of `num_tokens` tokens growing to `final_len`, plus
         `width - 1` spare regions for the sequences its group forks into; returns its row. Its
         tokens get slots from `append_slots`."""
-        if seq_id in self._row_of:
+        if self.rows.has_seq(seq_id):
             raise ValueError(f"sequence {seq_id} already holds a region")
         need = self.reserved_blocks(num_tokens, final_len)
-        if self.can_admit(num_tokens, num_tokens, width=width, final_len=final_len) is not AllocStatus.OK:
+        if not (self.fits(num_tokens, width=width, final_len=final_len)
+                and self.can_admit(num_tokens, num_tokens, width=width, final_len=final_len)):
             raise ValueError(f"no room for {width} free regions of {need} blocks (largest free: "
                              f"{self.buddy.largest_free_block()}); check can_admit first")
         offsets = [self.buddy.allocate(need) for _ in range(width)]
@@ -178,22 +142,14 @@ class ContiguousBlockManager:
         self._spares[seq_id] = offsets[1:]
         return self._place(seq_id, offsets[0], final_len)
 
-    def allocate(self, seq_id: int, num_tokens: int, final_len: int, width: int = 1) -> int:
-        """`admit` plus slots for the first `num_tokens` tokens; returns the row."""
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        row = self.admit(seq_id, width=width, final_len=final_len, num_tokens=num_tokens)
-        self.append_slots(np.array([row]), np.array([num_tokens]))
-        return row
-
     def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt=None, keys=None) -> None:
         """Nothing to do: no prefix cache."""
 
     def free(self, seq_id: int) -> None:
         """Drops the sequence's region: to its group's spares while the group lives, else to the buddy."""
-        if seq_id not in self._row_of:
+        if not self.rows.has_seq(seq_id):
             raise KeyError(f"cannot free sequence {seq_id}: it holds no region (unknown or already freed)")
-        row = self._row_of[seq_id]
+        row = self.rows.row_of(seq_id)
         root = self._family[seq_id]
         waiting = self._waiting_forks[root]
         if int(self.base[row]) == 0:  # a fork still waiting for a region
@@ -203,8 +159,10 @@ class ContiguousBlockManager:
             self._give_region(child, parent, int(self.base[row]) - 1)
         else:
             self._spares[root].append(int(self.base[row]) - 1)
-        del self._row_of[seq_id], self._family[seq_id]
-        self._clear_row(row)
+        self.rows.pop(seq_id)
+        del self._family[seq_id]
+        self.rows.clear(row)
+        self.base[row] = 0
         self._members[root] -= 1
         if self._members[root] == 0:  # the group is done: its spares and pending copies go
             for offset in self._spares.pop(root):
@@ -215,16 +173,16 @@ class ContiguousBlockManager:
         """Gives `child_id` a spare region of the parent's group holding a copy of the parent's first
         `num_blocks` blocks (default all its tokens), or, with no spare, the next region a sibling
         frees; returns its row."""
-        if child_id in self._row_of:
+        if self.rows.has_seq(child_id):
             raise ValueError(f"cannot fork onto sequence {child_id}: it already holds a region")
-        parent_row = self.row_of(parent_id)
+        parent_row = self.rows.row_of(parent_id)
         root = self._family[parent_id]
         self._family[child_id] = root
         self._members[root] += 1
         row = self._take_row(child_id)
         self.final_len[row] = self.final_len[parent_row]
-        self.num_tokens[row] = (self.num_tokens[parent_row] if num_blocks is None
-                                else num_blocks * self.block_size)
+        num_tokens = self.rows.num_tokens
+        num_tokens[row] = num_tokens[parent_row] if num_blocks is None else num_blocks * self.block_size
         if self._spares[root]:
             self._give_region(child_id, parent_id, self._spares[root].pop())
         else:
@@ -241,8 +199,8 @@ class ContiguousBlockManager:
         copies = [pair for pairs in self._copies.values() for pair in pairs]
         for pairs in self._copies.values():
             pairs.clear()
-        bs = self.block_size
-        pos = self.num_tokens[rows]
+        bs, store = self.block_size, self.rows
+        pos = store.num_tokens[rows]
         end = pos + (1 if counts is None else counts)
         base = self.base[rows]
         if (base == 0).any():  # only inside one beam step may a fork lack a region
@@ -250,13 +208,13 @@ class ContiguousBlockManager:
         if (end > self.region_blocks[rows] * bs).any():
             # The engine finishes a sequence at final_len, which every policy reserves: a caller bug.
             raise RuntimeError("a sequence outgrew its contiguous reservation")
-        have = self.num_table_blocks[rows]
+        have = store.num_table_blocks[rows]
         used = (end + bs - 1) // bs
         for i in (used > have).nonzero()[0].tolist():  # rows that open blocks of their region
             row, first = int(rows[i]), int(base[i])
-            self.block_tables[row, have[i]: used[i]] = np.arange(first + have[i], first + used[i])
-            self.num_table_blocks[row] = used[i]
-        self.num_tokens[rows] = end
+            store.block_tables[row, have[i]: used[i]] = np.arange(first + have[i], first + used[i])
+            store.num_table_blocks[row] = used[i]
+        store.num_tokens[rows] = end
         if counts is None:
             return (base * bs + pos).astype(np.int32), copies
         starts = np.cumsum(counts) - counts
@@ -275,47 +233,26 @@ class ContiguousBlockManager:
         """The generic cursor over `append_slots` (appending never fails here)."""
         return AppendCursor(self, rows)
 
-    # ------------------------------------------------------------------ swap (none)
-
-    def can_swap_out(self, seq_ids: list[int]) -> bool:
-        """Always False: with no swap space the scheduler recomputes if it ever must preempt."""
-        return False
-
-    def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
-        """Never called: `can_swap_out` is always False."""
-        raise ValueError("cannot swap out: the contiguous baselines have no swap space")
-
-    def swapped_blocks(self, seq_ids: list[int]) -> int:
-        """0: nothing is ever swapped out."""
-        return 0
-
-    def can_swap_in(self, seq_ids: list[int], extra_blocks: int = 0, headroom: int | None = None) -> bool:
-        """Always False: nothing is ever swapped out."""
-        return False
-
-    def swap_in(self, seq_ids: list[int]) -> list[tuple[int, int]]:
-        """Never called: nothing is ever swapped out."""
-        raise ValueError("cannot swap in: the contiguous baselines have no swap space")
-
     # ------------------------------------------------------------------ accounting
 
-    def usage_breakdown(self, final_lens: dict[int, int] | None = None,
-                        next_request: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
-        """(token_states, reserved, internal, external) slots now; the rest of the slots are free.
+    def usage_breakdown(self, next_request: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+        """(token_states, reserved, internal, external) slots now; the rest of the slots are free
+        (paper Fig. 2, `jpaged.paper.kv_usage`).
 
         Per region of a sequence that writes K/V for its first final_len - 1 positions (the last
         sampled token is never fed back): token_states = slots written; reserved = slots it will
         still write; internal = the rest of the region (policy over-reservation, block and buddy
         power-of-two rounding). external = free slots in buddy blocks too small for the next
         request's region, `next_request` = (tokens, final_len) of the head of the waiting queue;
-        0 when nothing waits. `final_lens` is unused: each region records its own. A group's spare
-        regions count as reserved: its future forks will fill them.
+        0 when nothing waits. A group's spare regions count as reserved: its future forks will
+        fill them.
         """
         bs = self.block_size
-        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        tokens = int(self.num_tokens[rows].sum())
+        rows = self.rows.resident_rows()
+        num_tokens = self.rows.num_tokens[rows]
+        tokens = int(num_tokens.sum())
         spare = self._spare_blocks() * bs
-        will = int(np.maximum(self.final_len[rows] - 1, self.num_tokens[rows]).sum()) + spare
+        will = int(np.maximum(self.final_len[rows] - 1, num_tokens).sum()) + spare
         region = int(self.region_blocks[rows].sum()) * bs + spare
         external = 0
         if next_request is not None:
@@ -338,38 +275,26 @@ class ContiguousBlockManager:
 
     def _give_region(self, child_id: int, parent_id: int, offset: int) -> None:
         """Moves a forked child into the region at `offset` and queues copies of the parent's blocks."""
-        row, parent_row = self._row_of[child_id], self._row_of[parent_id]
-        n = self.blocks_for(int(self.num_tokens[row]))  # the child's share of the parent's blocks
+        store = self.rows
+        row, parent_row = store.row_of(child_id), store.row_of(parent_id)
+        n = store.blocks_for(int(store.num_tokens[row]))  # the child's share of the parent's blocks
         self.base[row] = offset + 1
         self.region_blocks[row] = self.buddy.allocated_size(offset)
-        self.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
-        self.num_table_blocks[row] = n
-        src = self.block_tables[parent_row, :n].tolist()
+        store.block_tables[row, :n] = np.arange(offset + 1, offset + 1 + n)
+        store.num_table_blocks[row] = n
+        src = store.block_tables[parent_row, :n].tolist()
         self._copies[self._family[child_id]].extend(
             (s, d) for s, d in zip(src, range(offset + 1, offset + 1 + n)) if s != d)
 
     def _take_row(self, seq_id: int) -> int:
-        if not self._free_rows:
-            self._grow_rows()
-        row = self._free_rows.pop()
-        self._row_of[seq_id] = row
+        """A row for `seq_id`; the regions' arrays grow with the store."""
+        row = self.rows.take(seq_id)
+        extra = self.rows.num_rows - len(self.base)
+        if extra:
+            self.base, self.region_blocks, self.final_len = (
+                np.concatenate([a, np.zeros(extra, a.dtype)]) for a in (self.base, self.region_blocks, self.final_len))
         return row
-
-    def _clear_row(self, row: int) -> None:
-        self.block_tables[row, : self.num_table_blocks[row]] = 0
-        self.num_table_blocks[row] = 0
-        self.num_tokens[row] = 0
-        self.base[row] = 0
-        self._free_rows.append(row)
 
     def _spare_blocks(self) -> int:
         """Blocks in the spare regions of every live group."""
         return sum(self.buddy.allocated_size(o) for offsets in self._spares.values() for o in offsets)
-
-    def _grow_rows(self) -> None:
-        old = len(self.num_tokens)
-        self.block_tables = np.concatenate([self.block_tables, np.zeros_like(self.block_tables)])
-        for name in ("num_table_blocks", "num_tokens", "base", "region_blocks", "final_len"):
-            array = getattr(self, name)
-            setattr(self, name, np.concatenate([array, np.zeros_like(array)]))
-        self._free_rows.extend(range(2 * old - 1, old - 1, -1))

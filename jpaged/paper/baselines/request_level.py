@@ -11,7 +11,7 @@ the batch size limit, is what stopped it. Everything else is the engine's schedu
 from __future__ import annotations
 
 from jpaged.config import CacheConfig, SchedulerConfig
-from jpaged.core.kv_manager import AllocStatus, KVCacheManager
+from jpaged.core.kv_manager import KVCacheManager
 from jpaged.core.scheduler import Scheduler, SchedulerOutput
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 
@@ -34,6 +34,7 @@ class RequestLevelScheduler(Scheduler):
         return out
 
     def _may_admit(self) -> bool:
+        """Whether the current batch still admits requests."""
         return self._batch_open
 
     def _head_fits(self) -> bool:
@@ -41,9 +42,9 @@ class RequestLevelScheduler(Scheduler):
         if not self.waiting:
             return False
         group = self.waiting[0]
-        if self._num_running_seqs + group.width > self.config.max_num_seqs:
+        if self.running_batch.num_seqs + group.width > self.config.max_num_seqs:
             return False
-        leader = group.live_seqs()[0]
-        status = self.block_manager.can_admit(len(leader), len(leader), width=group.width,
-                                              final_len=group.max_total_len, headroom=self._headroom())
-        return status is AllocStatus.OK
+        leader, kv = group.live_seqs()[0], self.block_manager
+        return (kv.fits(len(leader), width=group.width, final_len=group.max_total_len)
+                and kv.can_admit(len(leader), len(leader), width=group.width, final_len=group.max_total_len,
+                                 headroom=self._headroom()))

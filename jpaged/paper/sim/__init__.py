@@ -1,1 +1,3 @@
-"""The simulator's pieces: GPU datasheets (gpus) and the roofline step-cost model (cost_model)."""
+"""The simulator's pieces: GPU datasheets (gpus), the roofline step-cost model (cost_model) over the
+per-layer work (shapes) with its constants fitted offline (fit_vidur, measured) or a profiled fit
+(profiled), the simulated executor (executor) and its configuration (config: SimConfig)."""

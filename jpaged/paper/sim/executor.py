@@ -34,6 +34,8 @@ CandidateSource = Callable[[SampleRows], tuple[np.ndarray, np.ndarray]]
 class SimExecutor:
     """Executor whose clock is virtual: each `execute` advances it by the step's modeled time."""
 
+    num_compilations = 0  # nothing compiles: steps are priced, not run
+
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
                  block_size: int = 16, *, fitted: FittedCostModel | None = None,

@@ -4,8 +4,9 @@ tables of contiguous regions, the usage breakdown, and serving through the engin
 import numpy as np
 import pytest
 
-from jpaged.core.kv_manager import AllocStatus
+from jpaged.core.kv_manager import usage
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
+from tests.helpers.kv import reserve
 
 BS = 16
 
@@ -24,7 +25,7 @@ def manager(policy, num_units=64, max_model_len=256):
 def test_reservation_by_hand(policy, prompt, final_len, blocks, region):
     bm = manager(policy)
     assert bm.reserved_blocks(prompt, final_len) == blocks
-    bm.allocate(7, prompt, final_len)
+    reserve(bm, 7, prompt, final_len)
     assert bm.region(7) == (1, region)  # lowest address first; unit 0 is block 1
     assert bm.num_free_blocks == 64 - region
 
@@ -37,45 +38,46 @@ def test_pow2_is_capped_at_max_model_len():
 
 def test_block_table_slots_and_append():
     bm = manager("oracle")
-    bm.allocate(0, 8, 60)  # 60 tokens -> 4 blocks, region [1, 5)
+    reserve(bm, 0, 8, 60)  # 60 tokens -> 4 blocks, region [1, 5)
     row = bm.admit(1, final_len=40, num_tokens=17)  # 40 tokens -> 3 blocks -> buddy 4: region [5, 9)
     assert bm.region(1) == (5, 4)
     slots, _ = bm.append_slots(np.array([row]), np.array([17]))  # a 17-token prompt chunk
-    np.testing.assert_array_equal(bm.block_table(1), [5, 6])
+    np.testing.assert_array_equal(bm.rows.table(1), [5, 6])
     np.testing.assert_array_equal(slots, np.arange(5 * BS, 5 * BS + 17))
-    rows = np.array([bm.row_of(0), row])
+    rows = np.array([bm.rows.row_of(0), row])
     slots, pairs = bm.append_slots(rows)
     assert pairs == [] and slots.tolist() == [1 * BS + 8, 5 * BS + 17]
     for _ in range(14):  # row 1 gets positions 18..31, the end of its second block
         slots, _ = bm.append_slots(rows[1:])
     assert slots.tolist() == [5 * BS + 31]
-    np.testing.assert_array_equal(bm.block_table(1), [5, 6])
+    np.testing.assert_array_equal(bm.rows.table(1), [5, 6])
     slots, _ = bm.append_slots(rows[1:])  # position 32 opens the third block
     assert slots.tolist() == [7 * BS]
-    np.testing.assert_array_equal(bm.block_table(1), [5, 6, 7])
-    assert bm.num_tokens[row] == 33
+    np.testing.assert_array_equal(bm.rows.table(1), [5, 6, 7])
+    assert bm.rows.num_tokens[row] == 33
 
 
 def test_outgrowing_the_region_is_a_bug():
     bm = manager("oracle")
-    row = bm.allocate(0, 15, 16)  # 1 block
+    row = reserve(bm, 0, 15, 16)  # 1 block
     bm.append_slots(np.array([row]))
     with pytest.raises(RuntimeError, match="outgrew"):
         bm.append_slots(np.array([row]))
 
 
-def test_can_admit_later_never_and_free_coalesces():
+def test_can_admit_later_the_fit_rule_and_free_coalesces():
     bm = manager("max", num_units=40)  # top blocks 32 + 8; max = 16 blocks
-    assert bm.can_admit(10, 10, final_len=20) is AllocStatus.OK
-    bm.allocate(0, 10, 20)
-    bm.allocate(1, 10, 20)
-    assert bm.can_admit(10, 10, final_len=20) is AllocStatus.LATER  # 8 blocks free, none of 16
+    assert bm.fits(10, final_len=20) and bm.can_admit(10, 10, final_len=20)
+    reserve(bm, 0, 10, 20)
+    reserve(bm, 1, 10, 20)
+    assert not bm.can_admit(10, 10, final_len=20)  # 8 blocks free, none of 16
     bm.free(0)
-    assert bm.can_admit(10, 1, final_len=20) is AllocStatus.OK  # a chunk reserves the whole region too
+    assert bm.can_admit(10, 1, final_len=20)  # a chunk reserves the whole region too
     bm.free(1)
-    assert bm.num_free_blocks == 40 and bm.usage() == 0.0
+    assert bm.num_free_blocks == 40 and usage(bm) == 0.0
     big = manager("max", num_units=8)  # a 16-block reservation never fits in 8 blocks
-    assert big.can_admit(10, 10, final_len=20) is AllocStatus.NEVER
+    assert not big.fits(10, final_len=20) and not big.can_admit(10, 10, final_len=20)
+    assert big.fits(10)  # without a final length (the door) only the tokens count
     with pytest.raises(KeyError, match="sequence 5"):
         bm.free(5)
     with pytest.raises(ValueError, match="width"):
@@ -84,15 +86,15 @@ def test_can_admit_later_never_and_free_coalesces():
 
 def test_group_reserves_regions_and_fork_copies_the_parent():
     bm = manager("oracle", num_units=16)
-    assert bm.can_admit(20, 20, width=3, final_len=40) is AllocStatus.OK  # 3 blocks -> buddy 4; four fit in 16
-    assert bm.can_admit(20, 20, width=5, final_len=40) is AllocStatus.NEVER
-    row = bm.allocate(0, 20, 40, width=3)
+    assert bm.can_admit(20, 20, width=3, final_len=40)  # 3 blocks -> buddy 4; four fit in 16
+    assert bm.fits(20, width=4, final_len=40) and not bm.fits(20, width=5, final_len=40)
+    row = reserve(bm, 0, 20, 40, width=3)
     assert bm.num_free_blocks == 16 - 3 * 4
-    assert bm.can_admit(20, 20, width=2, final_len=40) is AllocStatus.LATER
-    assert bm.can_admit(20, 20, final_len=40) is AllocStatus.OK
+    assert not bm.can_admit(20, 20, width=2, final_len=40)
+    assert bm.can_admit(20, 20, final_len=40)
     child = bm.fork(0, 1)
-    assert bm.region(1) == (9, 4) and bm.num_tokens[child] == 20  # the last spare region
-    np.testing.assert_array_equal(bm.block_table(1), [9, 10])
+    assert bm.region(1) == (9, 4) and bm.rows.num_tokens[child] == 20  # the last spare region
+    np.testing.assert_array_equal(bm.rows.table(1), [9, 10])
     slots, pairs = bm.append_slots(np.array([row, child]))
     assert pairs == [(1, 9), (2, 10)] and slots.tolist() == [1 * BS + 20, 9 * BS + 20]
     assert bm.append_slots(np.array([row]))[1] == []  # copies are issued once
@@ -101,19 +103,19 @@ def test_group_reserves_regions_and_fork_copies_the_parent():
     bm.free(1)  # back to the group's spares, not to the buddy
     assert bm.num_free_blocks == 4
     bm.free(0)
-    assert bm.num_free_blocks == 16 and bm.usage() == 0.0
+    assert bm.num_free_blocks == 16 and usage(bm) == 0.0
 
 
 def test_beam_fork_without_spare_waits_for_a_dropped_sibling():
     bm = manager("oracle", num_units=16)
-    bm.allocate(0, 20, 40, width=2)
+    reserve(bm, 0, 20, 40, width=2)
     bm.fork(0, 1)  # takes the spare
     child = bm.fork(0, 2)  # beam 0 had both kids; beam 1 is dropped after
     with pytest.raises(RuntimeError, match="no region"):
         bm.append_slots(np.array([child]))
     bm.free(1)
     assert bm.region(2) == (5, 4)
-    _, pairs = bm.append_slots(np.array([bm.row_of(0), child]))
+    _, pairs = bm.append_slots(np.array([bm.rows.row_of(0), child]))
     assert (1, 5) in pairs and (2, 6) in pairs
     bm.free(0)
     bm.free(2)
@@ -138,8 +140,8 @@ def test_orca_serves_parallel_sampling_and_beam_search_in_the_simulator():
 
 def test_usage_breakdown_by_hand():
     bm = manager("pow2")
-    bm.allocate(0, 20, 45)  # region 4 blocks = 64 slots; writes 44 positions
-    bm.allocate(1, 100, 133)  # region 16 blocks = 256 slots; writes 132 positions
+    reserve(bm, 0, 20, 45)  # region 4 blocks = 64 slots; writes 44 positions
+    reserve(bm, 1, 100, 133)  # region 16 blocks = 256 slots; writes 132 positions
     token, reserved, internal, external = bm.usage_breakdown()
     assert token == 120 and reserved == (44 - 20) + (132 - 100)
     assert internal == (64 - 44) + (256 - 132) and external == 0
