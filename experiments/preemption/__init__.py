@@ -32,9 +32,9 @@ from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import StepPlan
 from jpaged.engine import LLMEngine
+from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.sim.cost_model import CostModel
 from jpaged.paper.sim.gpus import get_gpu
-from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.systems import build_engine
 from jpaged.paper.trace_runner import run_trace
 from jpaged.paper.workloads import Dataset, WorkloadConfig, generate_trace
