@@ -2,7 +2,7 @@
 
 A decode step multiplies a few (8-64) activation rows by every weight matrix of the model, so it
 is bound by reading the weights: a matmul over weights prepacked once reads each as contiguous
-streams (docs/ARCHITECTURE.md, "CPU path"). `pack` lays a kernel W [K, N] out once (at model
+streams (docs/notes/cpu-path.md). `pack` lays a kernel W [K, N] out once (at model
 load, `jpaged.models.packed`) as contiguous 16-column panels; `matmul` computes x . W (+ bias)
 from them with `native/dense_cpu.cc`: float32 accumulation, a register tile of 8 rows x 3
 panels, panels spread over XLA's intra-op threads. bfloat16 weights are packed in pairs along K, the operand layout of

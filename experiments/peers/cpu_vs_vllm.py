@@ -14,7 +14,7 @@ one model (`tests/models/utils.py: check_logprobs_close`): the token sequences a
 first difference each engine's token is among the other's top `num_logprobs` candidates there.
 In bfloat16 greedy sequences of two correct implementations part ways wherever the top two
 logits lie within rounding of each other (Hugging Face's and vLLM's own bf16 OPT do too: see
-docs/ARCHITECTURE.md, CPU path), so bf16 is judged by closeness; float32 by identity. The
+docs/notes/cpu-vs-vllm.md), so bf16 is judged by closeness; float32 by identity. The
 log-probabilities come from one more, untimed pass of each engine in the first round (asking for
 them compiles other code in jpaged's sampler, so the warm-up and timed passes stay alike), and
 that pass's tokens must equal the timed ones. jpaged runs attention_backend "auto": on CPU the

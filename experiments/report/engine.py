@@ -116,7 +116,7 @@ def _against_vllm(configs: list[str], runs: list[dict]) -> str:
             f"processes each round, on {' / '.join(cpus)}, medians of the per-round ratios (jpaged / vLLM; load: the "
             "1-minute load average before each run, on 2 cores; close: the greedy outputs agree, or at their first "
             "difference each engine's token is among the other's top 5, vLLM's `check_logprobs_close`; "
-            "docs/ARCHITECTURE.md, CPU path, has the loaded runs, why bf16 is judged by closeness, and how to read "
+            "docs/notes/cpu-vs-vllm.md has the loaded runs, why bf16 is judged by closeness, and how to read "
             "vLLM's CPU seconds):\n\n" + "\n".join(rows)
             + f"\n\njpaged is at least as fast as vLLM in {sum(ahead)} of {len(ahead)} cells (target: all).")
 

@@ -15,7 +15,7 @@ import numpy as np
 MIN_PREFILL_TOKENS = 16  # the smallest padded token count of a step that runs a prompt chunk
 
 
-@functools.lru_cache(maxsize=4096)  # (called several times a step: a cached answer is four times cheaper)
+@functools.lru_cache(maxsize=4096)  # (called several times a step: a lookup beats the arithmetic)
 def bucket(n: int, minimum: int = 8) -> int:
     """The padded size of a dimension of length n: max(n, minimum) rounded up to a multiple of a
     quarter of the power of two below it, i.e. two sizes per doubling above 4 (8, 12, 16, 24, 32,

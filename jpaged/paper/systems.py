@@ -16,8 +16,8 @@ Under simulation the baselines' decode attention is timed without the paged kern
 step: vLLM and the Orca variants (the paper's reimplementations in vLLM's Python engine) pay the
 measured vLLM line (`jpaged/paper/sim/vidur_a100_fit.json`); FasterTransformer is a C++ runtime whose
 decode loop launches its kernels asynchronously, ahead of the GPU, so by default it pays none
-(`jpaged.paper.sim.config.SimConfig.fastertransformer_host_overhead`; docs/ARCHITECTURE.md,
-"Simulator constants").
+(`jpaged.paper.sim.config.SimConfig.fastertransformer_host_overhead`;
+docs/notes/simulator.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ tensor parallelism sharding weights, heads and KV by `tp`, a step is the sum of:
 - vLLM's host (CPU) work per step, measured as a line in the batch size per TP degree.
 The GPU parts run back to back after the host part, as in vLLM of the paper's era (no overlap).
 Every default constant comes from `jpaged/paper/sim/vidur_a100_fit.json`, fitted by `fit_vidur` on
-Vidur's measurements of vLLM on A100 (docs/ARCHITECTURE.md, "Simulator constants"), except the
+Vidur's measurements of vLLM on A100 (docs/notes/simulator.md), except the
 two attention factors, which those measurements do not cover. Swap (PCIe) and copy-on-write (HBM)
 costs are separate so the executor can add them.
 """
