@@ -110,6 +110,11 @@ def _findings(r: dict, cfg: dict) -> str:
                 f"{100 * rr[top]['light_load_hit_rate']:.0f}% vs {100 * ca[top]['light_load_hit_rate']:.0f}%.")
             if one:
                 beyond += [rr[n]["rate"] / (int(n) * one) for n in rr if n != "1"]
+                below = min(ca[top]["rate"], rr[top]["rate"]) / (int(top) * one)
+                if below < 0.9:
+                    lines.append(f"  Below {top} × one replica ({below:.2f}): one replica gets every turn of its "
+                                 f"conversations back (hits {100 * rr['1']['prefix_hit_rate']:.0f}% at its sustained rate), "
+                                 "and its point rests on the fewest requests.")
             if w == "multi_turn" and ca[top]["light_load_hit_rate"] > ca[top]["prefix_hit_rate"] + 0.2:
                 preempted = max(p["num_preemptions"] for p in r["points"] if p["deployment"] == d["name"]
                                 and p["workload"] == w and p["replicas"] == int(top))
