@@ -161,15 +161,32 @@ def test_cache_aware_keeps_prefixes_where_they_are_cached():
 
 
 class RecordingRouter(RoundRobin):
-    """Round-robin that keeps every prompt it routes, in order."""
+    """Round-robin that keeps every prompt it routes and the loads it saw, in order."""
 
     def __init__(self, num_replicas: int):
         super().__init__(num_replicas)
         self.prompts: list[list[int]] = []
+        self.loads: list[list[int]] = []
 
     def route(self, prompt, loads):
         self.prompts.append(list(prompt))
+        self.loads.append(list(loads))
         return super().route(prompt, loads)
+
+
+def one_turn(session_id: int, start: float) -> Session:
+    return Session(session_id, start, (np.arange(4, 44, dtype=np.int32) + session_id,), (1,), ())
+
+
+def test_the_router_learns_of_a_finish_when_its_step_ends():
+    """A's one-token request finishes in the step it is admitted by, [0, t1]: a request arriving
+    inside that step still counts A in the load; one arriving exactly at t1 does not."""
+    (record,) = run_fleet(replicas(1), RoundRobin(1), [one_turn(0, 0.0)]).records
+    t1 = record.finish_time
+    for arrival, seen in ((t1 / 2, [1]), (t1, [0])):
+        router = RecordingRouter(1)
+        run_fleet(replicas(1), router, [one_turn(0, 0.0), one_turn(1, arrival)])
+        assert router.loads == [[0], seen]
 
 
 def conversation(turns: int = 3, start: float = 0.5) -> Session:
