@@ -47,14 +47,14 @@ STEPS = (("memory_waste", "memory_waste"), ("throughput", "throughput"),
          ("shared_prefix", "shared_prefix"), ("chatbot", "chatbot"),
          ("kernel_bench", "kernel_bench"), ("kernel_bench", "kernel_bench_block_sizes"),
          ("block_size", "block_size"), ("preemption", "preemption"), ("chunked_prefill", "chunked_prefill"),
-         ("bench.bench_host", "bench_host"), ("bench.serve_real", "serve_real"))
+         ("fleet", "fleet"), ("bench.bench_host", "bench_host"), ("bench.serve_real", "serve_real"))
 # Full run only: real hardware and the real model (kernel_bench, bench_host, serve_real, record_beams),
 # and the long simulated panels (the default throughput config is their quick stand-in).
 SLOW = {"kernel_bench", "kernel_bench_block_sizes", "bench_host", "serve_real", "record_beams", *PANELS}
 CONFIG_CLASSES = {"memory_waste": "MemoryWasteConfig", "throughput": "ThroughputConfig",
                   "parallel_sampling": "ParallelSamplingConfig", "shared_prefix": "SharedPrefixConfig",
                   "chatbot": "ChatbotConfig", "kernel_bench": "KernelBenchConfig", "block_size": "BlockSizeConfig",
-                  "preemption": "PreemptionConfig", "chunked_prefill": "ChunkedPrefillConfig",
+                  "preemption": "PreemptionConfig", "chunked_prefill": "ChunkedPrefillConfig", "fleet": "FleetConfig",
                   "record_beams": "RecordBeamsConfig", "bench.bench_host": "BenchHostConfig",
                   "bench.serve_real": "ServeRealConfig"}
 # --quick: shorter traces and fewer points (the same code paths as the full configs).
@@ -73,6 +73,7 @@ QUICK = {
     "block_size": {"duration_s": 60.0, "block_sizes": [1, 4, 16, 64, 256]},
     "preemption": {"duration_s": 120.0, "block_sizes": [1, 4, 16, 64, 256], "seq_len": 256, "repeats": 2},
     "chunked_prefill": {"duration_s": 120.0, "rates": [1.0, 2.0, 3.0], "real": None},
+    "fleet": {"replicas": [1, 4]},
 }
 _OUTPUT_FIELDS = ("output", "figure", "saving_figure", "pool_figure", "plot", "summary")
 

@@ -326,3 +326,91 @@ def lengths_trace(arrivals: np.ndarray, prompt_lens: np.ndarray, output_lens: np
         ids = np.concatenate([head, rng.integers(4, vocab_size, p, dtype=np.int32)])
         out.append(TraceRequest(i, float(t), len(ids), int(o), ids))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One user's requests in order: a multi-turn conversation, or a single request (one turn).
+
+    Turn 0's prompt is `queries[0]`; turn k's prompt is turn k - 1's prompt, the reply it received,
+    then `queries[k]`, so every turn's prompt starts with the whole conversation so far. Turn k + 1
+    arrives `think_s[k]` seconds after turn k's reply ended (a closed loop: whoever serves the
+    session builds the next prompt from the reply it produced).
+    """
+
+    session_id: int  # 0..n-1 in order of start
+    start_time: float  # arrival of turn 0, seconds from the start of the trace
+    queries: tuple[np.ndarray, ...]  # i32 new tokens of each turn
+    output_lens: tuple[int, ...]  # reply tokens of each turn (max_tokens; EOS ignored)
+    think_s: tuple[float, ...]  # seconds from turn k's reply to turn k + 1's query; one per later turn
+
+
+def prefix_pool_sessions(request_rate: float, duration_s: float, seed: int, *, num_prefixes: int,
+                         prefix_len: int, zipf_s: float, input_median: float, input_sigma: float,
+                         output_median: float, output_sigma: float, vocab_size: int = 50272) -> list[Session]:
+    """One-turn sessions at Poisson times: a shared prefix (one of `num_prefixes`) + a task input.
+
+    A service with many few-shot templates or system prompts: prefix j (`prefix_len` seeded tokens,
+    the same at every rate) is picked with probability proportional to (j + 1)^-zipf_s (0: uniform);
+    the task input and the output are LogNormal(median, sigma) tokens, at least MIN_LEN each.
+    """
+    if num_prefixes < 1 or prefix_len < 1 or not zipf_s >= 0:
+        raise ValueError(f"need num_prefixes >= 1, prefix_len >= 1 and zipf_s >= 0; got {num_prefixes}, "
+                         f"{prefix_len}, {zipf_s}")
+    prefix_rng, arrival_rng, pick_rng, length_rng, token_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
+    prefixes = prefix_rng.integers(4, vocab_size, (num_prefixes, prefix_len), dtype=np.int32)
+    arrivals = poisson_arrivals(request_rate, arrival_rng, duration_s=duration_s)
+    n = len(arrivals)
+    weights = np.arange(1, num_prefixes + 1, dtype=np.float64) ** -zipf_s
+    picks = pick_rng.choice(num_prefixes, n, p=weights / weights.sum())
+    inputs = np.maximum(np.rint(np.exp(length_rng.normal(np.log(input_median), input_sigma, n))), MIN_LEN)
+    outputs = np.maximum(np.rint(np.exp(length_rng.normal(np.log(output_median), output_sigma, n))), MIN_LEN)
+    return [Session(i, float(arrivals[i]),
+                    (np.concatenate([prefixes[picks[i]], token_rng.integers(4, vocab_size, int(inputs[i]), dtype=np.int32)]),),
+                    (int(outputs[i]),), ()) for i in range(n)]
+
+
+def _conversation_shapes(n: int, rng: np.random.Generator, mean_turns: float, think_mean_s: float,
+                         max_model_len: int, max_output_len: int) -> list[tuple[list[int], list[int], list[float]]]:
+    """(query lengths, reply lengths, think times) of n conversations; see `conversation_sessions`."""
+    turns = rng.geometric(1.0 / mean_turns, n)
+    total = int(turns.sum())
+    queries = np.maximum(np.rint(_human_turns(total, rng)), MIN_LEN).astype(np.int64)
+    replies = np.clip(np.rint(SG_REPLY_LAMBDA * rng.weibull(SG_REPLY_K, total)), MIN_LEN, max_output_len).astype(np.int64)
+    thinks = rng.exponential(think_mean_s, total)
+    shapes, start = [], 0
+    for count in turns.tolist():
+        q, r = queries[start:start + count].tolist(), replies[start:start + count].tolist()
+        context = np.cumsum(np.add(q, r))  # tokens the conversation holds after each turn
+        keep = max(1, int(np.searchsorted(context, max_model_len, side="right")))
+        q[0] = min(q[0], max_model_len - r[0])  # a first turn alone too long: its query is cut
+        shapes.append((q[:keep], r[:keep], thinks[start:start + keep - 1].tolist()))
+        start += count
+    return shapes
+
+
+def conversation_sessions(request_rate: float, duration_s: float, seed: int, *, mean_turns: float,
+                          think_mean_s: float, max_model_len: int, max_output_len: int,
+                          vocab_size: int = 50272) -> list[Session]:
+    """Multi-turn chat sessions from the ShareGPT shapes, offering `request_rate` turns/s on average.
+
+    A session has a Geometric number of turns with mean `mean_turns` (an assumption, as in
+    `conversation_lengths`); each turn a human query (the human-turn mixture) and a reply (the
+    calibrated reply Weibull, at most `max_output_len`); the user thinks Exponential(`think_mean_s`)
+    seconds after each reply. History is never cut, so every prompt extends the previous one: a
+    session ends before the turn whose context would pass `max_model_len`. Sessions start as a
+    Poisson process at `request_rate` / the mean kept turns of 4096 pilot sessions.
+    """
+    if not mean_turns >= 1 or not think_mean_s >= 0 or not MIN_LEN <= max_output_len < max_model_len - MIN_LEN:
+        raise ValueError(f"need mean_turns >= 1, think_mean_s >= 0 and {MIN_LEN} <= max_output_len < "
+                         f"max_model_len - {MIN_LEN}; got {mean_turns}, {think_mean_s}, {max_output_len}, {max_model_len}")
+    pilot_rng, arrival_rng, shape_rng, token_rng = (np.random.default_rng(s)
+                                                    for s in np.random.SeedSequence(seed).spawn(4))
+    args = (mean_turns, think_mean_s, max_model_len, max_output_len)
+    turns_per_session = np.mean([len(q) for q, _, _ in _conversation_shapes(4096, pilot_rng, *args)])
+    arrivals = poisson_arrivals(request_rate / turns_per_session, arrival_rng, duration_s=duration_s)
+    return [Session(i, float(t), tuple(token_rng.integers(4, vocab_size, n, dtype=np.int32) for n in q), tuple(r),
+                    tuple(think))
+            for i, (t, (q, r, think)) in enumerate(zip(arrivals.tolist(),
+                                                       _conversation_shapes(len(arrivals), shape_rng, *args)))]

@@ -1,6 +1,7 @@
 """Workloads: calibrated means, the vLLM filter, tails against the measured samples, Poisson
 arrivals, trace generation and local dataset import."""
 
+import collections
 import json
 import math
 import sys
@@ -151,3 +152,44 @@ def test_hf_tokenizer_without_transformers_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` fail
     with pytest.raises(ImportError, match="pip install transformers"):
         load_hf_tokenizer("/nonexistent")
+
+
+def _pool(rate=50.0, seconds=20.0, **kw):
+    args = {"num_prefixes": 8, "prefix_len": 32, "zipf_s": 1.0, "input_median": 10, "input_sigma": 0.5,
+            "output_median": 20, "output_sigma": 0.5, "vocab_size": 500} | kw
+    return workloads.prefix_pool_sessions(rate, seconds, 3, **args)
+
+
+def test_prefix_pool_sessions_share_zipf_popular_prefixes():
+    sessions = _pool()
+    assert 850 < len(sessions) < 1150 and all(s.think_s == () and len(s.queries) == 1 for s in sessions)
+    starts = [s.start_time for s in sessions]
+    assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] < 20.0
+    heads = [tuple(s.queries[0][:32].tolist()) for s in sessions]
+    counts = sorted(collections.Counter(heads).values(), reverse=True)
+    assert len(counts) == 8 and counts[0] > 2.5 * counts[-1]  # Zipf(1): p(0) / p(7) = 8
+    assert min(min(len(s.queries[0]) - 32, s.output_lens[0]) for s in sessions) >= workloads.MIN_LEN
+    uniform = collections.Counter(tuple(s.queries[0][:32].tolist()) for s in _pool(zipf_s=0.0))
+    assert max(uniform.values()) < 1.5 * min(uniform.values())
+    assert [s.queries[0].tolist() for s in _pool()] == [s.queries[0].tolist() for s in sessions]  # seeded
+
+
+def test_conversation_sessions_stay_within_the_context_and_offer_the_rate():
+    sessions = workloads.conversation_sessions(4.0, 600.0, 0, mean_turns=4.0, think_mean_s=5.0, max_model_len=2048,
+                                               max_output_len=512, vocab_size=500)
+    turns = sum(len(s.queries) for s in sessions)
+    assert turns / 600.0 == pytest.approx(4.0, rel=0.15)
+    assert max(len(s.queries) for s in sessions) > 3
+    for s in sessions:
+        assert len(s.output_lens) == len(s.queries) == len(s.think_s) + 1
+        assert sum(map(len, s.queries)) + sum(s.output_lens) <= 2048
+        assert max(s.output_lens) <= 512 and min(map(len, s.queries)) >= workloads.MIN_LEN
+    assert np.mean([t for s in sessions for t in s.think_s]) == pytest.approx(5.0, rel=0.15)
+
+
+def test_session_generators_name_their_bad_arguments():
+    with pytest.raises(ValueError, match="num_prefixes >= 1"):
+        _pool(num_prefixes=0)
+    with pytest.raises(ValueError, match="max_output_len < max_model_len"):
+        workloads.conversation_sessions(1.0, 10.0, 0, mean_turns=2.0, think_mean_s=1.0, max_model_len=512,
+                                        max_output_len=512)

@@ -1,0 +1,3 @@
+from experiments.fleet import main
+
+main()
