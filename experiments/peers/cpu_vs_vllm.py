@@ -22,9 +22,9 @@ native attention kernel where it builds (pallas_kernels.native_cpu), else the XL
 native dense kernel over packed weights (pallas_kernels.native_dense_cpu); each jpaged run
 records both.
 
-vLLM runs with `vllm_python` (its own virtual environment, ../shared/bench/README.md); when that
-interpreter is missing or cannot import vllm, the vLLM side is skipped with a message and only
-jpaged's rounds are measured.
+vLLM runs in its own virtual environment (../shared/bench/README.md), its interpreter given by
+`vllm_python` or $JPAGED_VLLM_PYTHON (experiments.peers.vllm_side); without one that imports
+vllm, only jpaged's rounds are measured, and the output says so.
 
     python -m experiments.peers.cpu_vs_vllm --config configs/cpu_vs_vllm.yaml
 """
@@ -47,6 +47,7 @@ import numpy as np
 from experiments.bench.serve_real import ServeRealConfig, make_requests
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.peers.cpu_peer_vllm import tree_cpu_seconds
+from experiments.peers.vllm_side import vllm_python, vllm_unavailable
 
 logger = logging.getLogger(__name__)
 ENGINES = ("jpaged", "vllm")
@@ -70,7 +71,7 @@ class CpuVsVllmConfig:
     vllm_block_size: int = 32  # vLLM's CPU attention takes multiples of 32 only
     rounds: int = 2  # A B pairs per condition
     num_logprobs: int = 5  # top candidates per token in the first round's checking pass (closeness)
-    vllm_python: str = "/work/vllm-venv/bin/python"  # interpreter of vLLM's own virtual environment
+    vllm_python: str = ""  # interpreter of vLLM's own virtual environment ("": $JPAGED_VLLM_PYTHON)
     output: str = "results/cpu_vs_vllm.json"
 
     def __post_init__(self) -> None:
@@ -165,14 +166,6 @@ def logprobs_close(tokens_a: list[int], logprobs_a: list, tokens_b: list[int], l
     return len(tokens_a) == len(tokens_b)
 
 
-def vllm_available(python: str) -> str | None:
-    """None when `python` imports vllm, else why not (the message the run prints)."""
-    if not Path(python).is_file():
-        return f"vllm_python {python} does not exist"
-    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
-    return None if probe.returncode == 0 else f"{python} cannot import vllm: {probe.stderr.strip()[-300:]}"
-
-
 def _run_fresh(engine: str, workload: dict, python: str, tmp: Path) -> dict:
     """One engine's timed run in a fresh process; its result plus the load average before it."""
     spec_path, out_path = tmp / "workload.json", tmp / f"{engine}.json"
@@ -225,10 +218,11 @@ def _summary(runs: dict[str, list[dict]], output_tokens: int) -> dict:
 
 def run(config: CpuVsVllmConfig) -> dict:
     """Every (dtype, kv_slots) condition, `rounds` A B pairs each; writes and returns the results."""
-    skip = vllm_available(config.vllm_python)
+    python = vllm_python(config.vllm_python)
+    skip = vllm_unavailable(python)
     if skip:
-        print(f"vLLM side skipped: {skip}. Install vLLM's CPU build as ../shared/bench/README.md says "
-              f"and set vllm_python; measuring jpaged only.", flush=True)
+        print(f"vLLM side skipped: {skip}. Install vLLM's CPU build as ../shared/bench/README.md says; "
+              f"measuring jpaged only.", flush=True)
     from jpaged.config.presets import get_preset
 
     serve = ServeRealConfig(num_requests=config.num_requests, length_scale=config.length_scale,
@@ -252,7 +246,7 @@ def run(config: CpuVsVllmConfig) -> dict:
                                     "max_model_len": config.max_model_len, "seed": config.seed,
                                     "max_num_batched_tokens": config.max_num_batched_tokens,
                                     "num_logprobs": config.num_logprobs if round_index == 0 else 0}
-                        result = _run_fresh(engine, workload, config.vllm_python, tmp)
+                        result = _run_fresh(engine, workload, python, tmp)
                         runs[engine].append(result)
                         print(f"{dtype:<9} kv {kv_slots:<5} round {round_index} {engine:<6} "
                               f"{output_tokens / result['wall_s']:7.1f} tok/wall-s "

