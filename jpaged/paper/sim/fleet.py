@@ -125,7 +125,7 @@ class _FleetLoop:
 
     def counters(self) -> list[tuple[int, int]]:
         """Each replica's (prompt tokens served from its prefix cache, prompt tokens admitted)."""
-        return [(e.scheduler.num_cached_tokens, e.scheduler.num_prompt_tokens) for e in self.engines]
+        return [(e.scheduler.admission.num_cached_tokens, e.scheduler.admission.num_prompt_tokens) for e in self.engines]
 
     def _push_arrival(self, t: float, session: int, turn: int, prompt: np.ndarray) -> None:
         self._order += 1
