@@ -103,6 +103,7 @@ class LLMEngine:
         self._groups[request.request_id] = group
         self.postprocessor.num_streaming += request.params.output_kind != "final"
         self.postprocessor.num_logprobs += request.params.logprobs is not None
+        self.postprocessor.num_constrained += request.params.constraint is not None
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> None:

@@ -242,7 +242,7 @@ class PlanBuilder:
             if params.use_beam_search:
                 num_top = max(num_top, 2 * params.n)
                 plain = False
-            fan_out = params.n if (params.n > 1 and not params.use_beam_search and group.is_fresh) else 1
+            fan_out = group.width if (group.width > 1 and not params.use_beam_search and group.is_fresh) else 1
             plain = plain and fan_out == 1
             each_once = each_once and fan_out == 1
             for i in range(fan_out):

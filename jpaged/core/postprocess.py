@@ -5,8 +5,10 @@ plan and sampled one token per sample row; here the rows become tokens of their 
 fresh prompt of a request with n samples forks n - 1 children sharing its blocks; a beam group
 ranks its candidates and forks or drops beams; every sequence is checked against its stop tokens,
 max_tokens and max_model_len; finished sequences give their blocks back (full ones stay in the
-prefix cache); finished requests, and streaming ones that moved, become RequestOutputs.
-Pure Python + numpy: no jax import.
+prefix cache); finished requests, and streaming ones that moved, become RequestOutputs. A
+sequence with a constraint (structured outputs: jpaged.core.constraints) advances it past each
+token it appends and ends when it terminates; a request with best_of > n reports its n samples of
+best cumulative log-probability. Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Postprocessor:
         self.outputs: list[RequestOutput] = []  # reported by the next `drain`
         self.num_streaming = 0  # unfinished requests with output_kind "delta" / "cumulative"
         self.num_logprobs = 0  # unfinished requests that asked for logprobs
+        self.num_constrained = 0  # unfinished requests with a constraint (their tokens are applied row by row)
 
     def update(self, out: SchedulerOutput, result: ModelOutput, started: float, now: float) -> None:
         """Applies one executed step: `started` and `now` are the clock at its start and end."""
@@ -46,7 +49,8 @@ class Postprocessor:
                 group.first_token_time = now
             num_batch = rows.num_batch_rows
             batch_tokens = tokens if num_batch == len(tokens) else tokens[:num_batch]
-            if rows.stop_tokens is not None and not self.num_logprobs and rows.stop_tokens.isdisjoint(batch_tokens):
+            if (rows.stop_tokens is not None and not self.num_logprobs and not self.num_constrained
+                    and rows.stop_tokens.isdisjoint(batch_tokens)):
                 # The steady state: no batch row samples a stop token, so their tokens are
                 # appended as they come, and only the rows known to reach their length limit end.
                 for ids, token in zip(rows.token_lists, batch_tokens):
@@ -135,6 +139,8 @@ class Postprocessor:
 
         Runs for every sequence of every step, so the common path is an append and two compares.
         """
+        if self.num_constrained:
+            seqs, tokens, logprobs = self._advance_constraints(seqs, tokens, logprobs, now)
         if logprobs is not None:
             for seq, logprob in zip(seqs, logprobs):
                 seq.cumulative_logprob += logprob
@@ -145,6 +151,34 @@ class Postprocessor:
             if len(ids) < group.max_total_len and token not in group.stop_set:
                 continue
             self._end_seq(seq, token in group.stop_set, now)  # reached once per sequence, not per token
+
+    def _advance_constraints(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float] | None,
+                             now: float) -> tuple[list[Sequence], list[int], list[float] | None]:
+        """Advances each constrained sequence past its token; one whose constraint terminates takes
+        the token and ends now ("stop", even on its last allowed token), one whose constraint refuses
+        the token fails its request. Returns the rows left for the ordinary append."""
+        rest = [i for i, seq in enumerate(seqs) if seq.constraint is None]
+        if len(rest) == len(seqs):
+            return seqs, tokens, logprobs
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+            if seq.constraint is None or seq.group.finish_time is not None:
+                continue
+            try:
+                if not seq.constraint.accept(token):
+                    raise ValueError(f"token {token} was sampled but its constraint does not allow it")
+                if not seq.constraint.is_terminated():
+                    rest.append(i)
+                    continue
+            except Exception as exc:
+                self.fail_group(seq.group, now, f"constraint failed: {describe(exc)}")
+                continue
+            if logprobs is not None:
+                seq.cumulative_logprob += logprobs[i]
+            seq.token_ids.append(token)
+            self._end_seq(seq, True, now)
+        rest = sorted(i for i in rest if seqs[i].constraint is None or seqs[i].group.finish_time is None)
+        return ([seqs[i] for i in rest], [tokens[i] for i in rest],
+                None if logprobs is None else [logprobs[i] for i in rest])
 
     def _end_seq(self, seq: Sequence, stopped: bool, now: float) -> None:
         """Ends a sequence that sampled a stop token (`stopped`) or reached its length limit, and its
@@ -217,6 +251,8 @@ class Postprocessor:
             self.num_streaming -= 1
         if group.sampling_params.logprobs is not None:
             self.num_logprobs -= 1
+        if group.sampling_params.constraint is not None:
+            self.num_constrained -= 1
         self.outputs.append(self.output_of(group, finished=True))
 
     def fail_group(self, group: SequenceGroup, now: float, error: str) -> None:
@@ -230,6 +266,7 @@ class Postprocessor:
         if group.finish_time is None:
             self.num_streaming -= group.sampling_params.output_kind != "final"
             self.num_logprobs -= group.sampling_params.logprobs is not None
+            self.num_constrained -= group.sampling_params.constraint is not None
         group.finish_time = now
         group.error = error
         try:
@@ -243,12 +280,15 @@ class Postprocessor:
         self.outputs = [o for o in self.outputs if o.request_id != group.request_id] + [output]
 
     def output_of(self, group: SequenceGroup, finished: bool) -> RequestOutput:
-        """The group's RequestOutput now (its samples by index, or its beams best first)."""
+        """The group's RequestOutput now (its samples by index, its beams best first, or with best_of > n
+        its n samples of best cumulative log-probability, best first, numbered by rank)."""
         params = group.sampling_params
+        ranked = params.use_beam_search or group.width > params.n
         if params.use_beam_search and finished and group.finished_beams:
-            ranked = sorted(group.finished_beams, key=lambda s: -beam_search.final_score(
+            seqs = sorted(group.finished_beams, key=lambda s: -beam_search.final_score(
                 s.cumulative_logprob, s.num_output_tokens, params.length_penalty))[: params.n]
-            seqs = ranked
+        elif ranked and not params.use_beam_search:  # best_of (vLLM v0: by cumulative logprob)
+            seqs = sorted(group.seqs, key=lambda s: (-s.cumulative_logprob, s.index))[: params.n]
         else:
             seqs = sorted(group.seqs, key=lambda s: s.index)
         delta = params.output_kind == "delta"
@@ -261,7 +301,7 @@ class Postprocessor:
                 logprobs = None if logprobs is None else logprobs[start:]
             elif logprobs is not None:
                 logprobs = list(logprobs)
-            completions.append(CompletionOutput(rank if params.use_beam_search else seq.index, tokens,
+            completions.append(CompletionOutput(rank if ranked else seq.index, tokens,
                                                 seq.cumulative_logprob,
                                                 seq.status.label if seq.status.is_finished else None, logprobs))
         prompt = group.seqs[0].token_ids[: group.prompt_len] if group.seqs else []

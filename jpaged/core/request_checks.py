@@ -56,16 +56,32 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
                          f"{kv.rows.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
                          f"(cache.num_blocks - 1)")
     n = sampling_params.n
-    if n > scheduler.max_num_seqs:
-        raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds scheduler.max_num_seqs="
-                         f"{scheduler.max_num_seqs}: a request's sequences run in one batch")
+    width, width_field = (n, "n") if sampling_params.best_of is None else (sampling_params.best_of, "best_of")
+    if width > scheduler.max_num_seqs:
+        raise ValueError(f"request {request_id!r}: {params_field}.{width_field}={width} exceeds "
+                         f"scheduler.max_num_seqs={scheduler.max_num_seqs}: a request's sequences run in one batch")
     if vocab_size is not None:
         if sampling_params.use_beam_search and 2 * n > vocab_size:
             raise ValueError(f"request {request_id!r}: {params_field}.n={n} exceeds {vocab_size // 2}, the "
                              f"widest beam search the vocabulary of {vocab_size} allows (each beam ranks "
                              f"2 x width candidates)")
-        check_token_ids(f"{params_field}.stop_token_ids", sampling_params.stop_token_ids, vocab_size,
-                        allow_empty=True)
+        _check_vocabulary(sampling_params, vocab_size, params_field)
     max_tokens = min(sampling_params.max_tokens, scheduler.max_model_len - len(prompt))
-    params = dataclasses.replace(sampling_params, max_tokens=max_tokens)  # (re-runs the field checks)
+    # (min_tokens beyond what max_model_len leaves: the length limit comes first)
+    params = dataclasses.replace(sampling_params, max_tokens=max_tokens,
+                                 min_tokens=min(sampling_params.min_tokens, max_tokens))  # (re-runs the field checks)
     return CheckedRequest(request_id, prompt, params, arrival_time, cache_salt)
+
+
+def _check_vocabulary(params: SamplingParams, vocab_size: int, field: str) -> None:
+    """Every token id the sampling parameters name lies in the model's vocabulary."""
+    check_token_ids(f"{field}.stop_token_ids", params.stop_token_ids, vocab_size, allow_empty=True)
+    if params.logit_bias:
+        check_token_ids(f"{field}.logit_bias keys", list(params.logit_bias), vocab_size)
+    if params.allowed_token_ids is not None:
+        check_token_ids(f"{field}.allowed_token_ids", params.allowed_token_ids, vocab_size)
+    for i, word in enumerate(params.bad_words_token_ids):
+        check_token_ids(f"{field}.bad_words_token_ids[{i}]", word, vocab_size)
+    if params.constraint is not None and params.constraint.vocab_size > vocab_size:
+        raise ValueError(f"{field}.constraint.vocab_size: must be <= the model's vocabulary of {vocab_size} tokens, "
+                         f"got {params.constraint.vocab_size}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import zlib
-from typing import Literal
+from typing import Literal, Mapping
 
 import numpy as np
 
@@ -28,12 +28,14 @@ from jpaged.config.checks import (
     check_token_ids,
     show,
 )
+from jpaged.core.constraints import TokenConstraint
 
 OutputKind = Literal["final", "delta", "cumulative"]
 MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for (OpenAI's chat limit)
 # |length_penalty| bound: output_len ** length_penalty stays finite for any max_model_len the
 # config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
 MAX_LENGTH_PENALTY = 10.0
+MAX_LOGIT_BIAS = 100.0  # |logit_bias| values, as OpenAI documents them (vLLM clamps to the same range)
 
 # SamplingParams field -> its check (type and range; returns the value as a plain Python type).
 # The bounds are the device's: top_k is int32, seeds uint32, temperature float32.
@@ -53,18 +55,69 @@ _FIELD_CHECKS = {
     "stop": lambda f, v: _stop_strings(f, v),
     "include_stop_str_in_output": check_bool,
     "skip_special_tokens": check_bool,
+    "presence_penalty": lambda f, v: check_float(f, v, -2.0, 2.0),
+    "frequency_penalty": lambda f, v: check_float(f, v, -2.0, 2.0),
+    "repetition_penalty": lambda f, v: check_float(f, v, 0.0, FLOAT32_MAX, lo_open=True),
+    "logit_bias": lambda f, v: _logit_bias(f, v),
+    "min_tokens": lambda f, v: check_int(f, v, 0, INT32_LIMIT, hi_open=True),
+    "min_p": lambda f, v: check_float(f, v, 0.0, 1.0),
+    "allowed_token_ids": lambda f, v: None if v is None else tuple(check_token_ids(f, v)),
+    "bad_words": lambda f, v: _stop_strings(f, v),
+    "bad_words_token_ids": lambda f, v: _token_sequences(f, v),
+    "best_of": lambda f, v: None if v is None else check_int(f, v, 1),
+    "constraint": lambda f, v: _constraint(f, v),
 }
+# Fields whose values change what is sampled, with their neutral value: beam search honours none of
+# them (it ranks the model's raw log-probabilities), and a request with all of them neutral runs
+# the sampler's plain path.
+_CONTROL_NEUTRALS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+                     "logit_bias": None, "min_tokens": 0, "min_p": 0.0, "allowed_token_ids": None,
+                     "bad_words": (), "bad_words_token_ids": (), "constraint": None}
+
+
+def active_controls(params: SamplingParams) -> list[str]:
+    """The names of the controls `params` sets to other than their neutral value."""
+    return [name for name, neutral in _CONTROL_NEUTRALS.items()
+            if (getattr(params, name) is not None if neutral is None else getattr(params, name) != neutral)]
 
 
 def _stop_strings(field: str, value) -> tuple[str, ...]:
-    """Stop strings as a tuple of non-empty strs (one str is one stop string, as in the OpenAI API)."""
+    """Stop strings (or bad words) as a tuple of non-empty strs (one str is one, as in the OpenAI API)."""
     if isinstance(value, str):
         value = (value,)
     if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
         raise TypeError(f"{field}: must be a str or a list of strs, got {show(value)}")
     if not all(value):
-        raise ValueError(f"{field}: stop strings must be non-empty, got {show(value)}")
+        raise ValueError(f"{field}: every entry must be a non-empty str, got {show(value)}")
     return tuple(value)
+
+
+def _logit_bias(field: str, value) -> dict[int, float] | None:
+    """logit_bias as {token id: bias} with int ids and finite float biases in [-100, 100] (None or
+    an empty mapping: no bias). Ids are checked against the vocabulary at the engine's door."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{field}: must be a dict of token id -> bias, got {type(value).__name__} {show(value)}")
+    bias = {check_int(f"{field} key", token, 0, INT32_LIMIT, hi_open=True):
+            check_float(f"{field}[{token}]", b, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS) for token, b in value.items()}
+    return bias or None
+
+
+def _token_sequences(field: str, value) -> tuple[tuple[int, ...], ...]:
+    """A list of non-empty token-id lists as a tuple of tuples."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{field}: must be a list of token-id lists, got {type(value).__name__} {show(value)}")
+    return tuple(tuple(check_token_ids(f"{field}[{i}]", ids)) for i, ids in enumerate(value))
+
+
+def _constraint(field: str, value) -> TokenConstraint | None:
+    if value is not None and not isinstance(value, TokenConstraint):
+        raise TypeError(f"{field}: must implement jpaged.core.constraints.TokenConstraint (vocab_size, allowed, "
+                        f"accept, is_terminated, fork) or be None, got {type(value).__name__}")
+    if value is not None:
+        check_int(f"{field}.vocab_size", value.vocab_size, 1, INT32_LIMIT, hi_open=True)
+    return value
 
 
 class SequenceStatus(enum.Enum):
@@ -106,11 +159,45 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (finish reason "stop")
     include_stop_str_in_output: bool = False  # keep the stop string at the end of the text
     skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text
+    # Sampling controls, as vLLM's SamplingParams names and defines them (applied on device, in this
+    # order: allowed_token_ids, bad words, min_tokens, logit_bias, penalties; then temperature,
+    # min_p, top_k, top_p). Greedy rows see them too (argmax of the processed logits).
+    presence_penalty: float = 0.0  # in [-2, 2]: minus this for every token the output already holds
+    frequency_penalty: float = 0.0  # in [-2, 2]: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # > 0: logits of tokens in the prompt or output: / it if > 0, * it if not
+    logit_bias: dict[int, float] | None = dataclasses.field(default=None, hash=False)  # token id -> added to its logit
+    min_tokens: int = 0  # stop ids and EOS cannot be sampled before the output holds this many tokens
+    min_p: float = 0.0  # in [0, 1]: drop tokens less likely than min_p x the likeliest (after temperature)
+    allowed_token_ids: tuple[int, ...] | None = None  # only these tokens may be sampled
+    bad_words: tuple[str, ...] = ()  # words never completed (the text layer fills bad_words_token_ids)
+    # Token-id sequences never completed: the last token of one is banned whenever the output ends
+    # with the rest of it (vLLM: the engine reads these; bad_words without them are refused).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    best_of: int | None = None  # sample this many (>= n) and return the n with the best cumulative logprob
+    # Structured outputs: the matcher every sequence starts from (jpaged.core.constraints).
+    constraint: TokenConstraint | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         # A bad value must fail here, at the door, never inside a step that batches other requests.
         for name, check in _FIELD_CHECKS.items():
             object.__setattr__(self, name, check(f"SamplingParams.{name}", getattr(self, name)))
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"SamplingParams.min_tokens: must be <= max_tokens ({self.max_tokens}), "
+                             f"got {self.min_tokens}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"SamplingParams.best_of: must be >= n ({self.n}), got {self.best_of}")
+        if self.best_of is not None and self.best_of > self.n and self.output_kind != "final":
+            raise ValueError(f"SamplingParams.best_of={self.best_of} > n={self.n} needs output_kind 'final' (the "
+                             f"n best are known only at the end), got output_kind={self.output_kind!r}")
+        if self.bad_words and not self.bad_words_token_ids:
+            raise ValueError("SamplingParams.bad_words need bad_words_token_ids (the text front end fills them "
+                             "from the tokenizer; a model without one can take token ids only)")
+        if self.use_beam_search:
+            unsupported = active_controls(self)
+            if self.best_of not in (None, self.n):
+                unsupported.append("best_of")
+            if unsupported:
+                raise ValueError(f"SamplingParams.use_beam_search does not support {', '.join(unsupported)}")
         if self.use_beam_search and self.temperature != 0:
             raise ValueError(f"SamplingParams.use_beam_search needs temperature 0 (beam search is deterministic), "
                              f"got temperature={self.temperature}")
@@ -127,7 +214,7 @@ class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
     __slots__ = ("seq_id", "index", "prompt_len", "prompt_array", "token_ids", "cumulative_logprob",
-                 "status", "block_keys", "group", "num_reported", "logprobs")
+                 "status", "block_keys", "group", "num_reported", "logprobs", "constraint", "history")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
         self.seq_id = seq_id
@@ -145,6 +232,8 @@ class Sequence:
         self.num_reported = 0  # output tokens already streamed (output_kind "delta")
         # SamplingParams.logprobs: per output token {token id: logprob}, the top ones then the sampled one.
         self.logprobs: list[dict[int, float]] | None = None
+        self.constraint: TokenConstraint | None = None  # its own matcher (SamplingParams.constraint)
+        self.history = None  # its tokens as an array, while penalties read them (jpaged.core.sampling_controls)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -169,6 +258,7 @@ class Sequence:
         child.block_keys = list(self.block_keys)
         child.group = self.group
         child.logprobs = None if self.logprobs is None else list(self.logprobs)
+        child.constraint = None if self.constraint is None else self.constraint.fork()
         return child
 
 
@@ -201,8 +291,17 @@ class SequenceGroup:
         # ignore_eos skips only the model's EOS ids: explicit stop_token_ids always stop.
         self.stop_set = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else self.eos_token_ids)
         self.max_total_len = self.seqs[0].prompt_len + params.max_tokens
-        self.width = params.n  # most sequences the group ever holds at once (samples or beams)
-        self.is_single = params.n == 1 and not params.use_beam_search  # one sequence for its whole life
+        # Most sequences the group ever holds at once: samples (best_of of them) or beams.
+        self.width = params.n if params.use_beam_search or params.best_of is None else params.best_of
+        self.is_single = self.width == 1 and not params.use_beam_search  # one sequence for its whole life
+        # The sampler's controls (jpaged.core.sampling_controls): does any apply, and min_tokens'
+        # banned ids, every stop id and EOS even under ignore_eos (vLLM's all_stop_token_ids).
+        # (min_p filters the random draw, which every batch runs; bad_words act through their ids.)
+        self.has_controls = bool(set(active_controls(params)) - {"min_p", "bad_words"})
+        self.min_tokens_banned = tuple(sorted(set(params.stop_token_ids) | set(self.eos_token_ids)))
+        if params.constraint is not None:
+            for seq in self.seqs:
+                seq.constraint = params.constraint.fork()
         # Random draws: (seed, stream base + sample index, position). An explicit seed alone fixes them.
         self.seed = 0 if params.seed is None else params.seed
         self.stream_base = request_stream(self.request_id) if params.seed is None else 0

@@ -27,6 +27,7 @@ from typing import Sequence as Seq
 import numpy as np
 
 from jpaged.core.padding import bucket, token_bucket
+from jpaged.core.sampling_controls import SamplingControls, build_controls
 
 if TYPE_CHECKING:
     from jpaged.core.sequence import Sequence
@@ -54,6 +55,8 @@ class SamplingBatch:
     stream: np.ndarray  # i32[R] the request's stream base + the sample's index in its group
     position: np.ndarray  # i32[R] position of the token being sampled
     num_top: int = 0  # also return the top `num_top` log-probabilities per row (beams; SamplingParams.logprobs)
+    min_p: np.ndarray | None = None  # f32[R] 0 = off (None: off for every row)
+    controls: SamplingControls | None = None  # penalties, logit_bias, banned and allowed tokens (None: no row has any)
 
 
 @dataclasses.dataclass
@@ -91,6 +94,7 @@ class SampleRows:
         params = [s.group.sampling_params for s in seqs]
         indices = self.indices if self.indices is not None else [s.index for s in seqs]
         num_logprobs = max((p.logprobs or 0 for p in params), default=0)
+        min_p = [p.min_p for p in params]
         return SamplingBatch(
             logits_rows=self.logits_rows.astype(np.int32),
             temperature=np.array([p.temperature for p in params], np.float32),
@@ -99,7 +103,9 @@ class SampleRows:
             seed=np.array([s.group.seed for s in seqs], np.uint32),
             stream=np.array([(s.group.stream_base + i) & 0x7FFFFFFF for s, i in zip(seqs, indices)], np.int32),
             position=np.array([len(s) for s in seqs], np.int32),
-            num_top=max(self.num_top, num_logprobs))
+            num_top=max(self.num_top, num_logprobs),
+            min_p=np.array(min_p, np.float32) if any(min_p) else None,
+            controls=build_controls(seqs))
 
 
 @dataclasses.dataclass

@@ -51,7 +51,8 @@ class _Request:
 
 def engine_params(params: SamplingParams) -> SamplingParams:
     """The SamplingParams the engine gets: per-step deltas when the text must be seen as it grows."""
-    needs_steps = params.output_kind != "final" or bool(params.stop)
+    # (best_of > n ranks its samples at the end: their stop strings then cut the final texts only)
+    needs_steps = params.output_kind != "final" or (bool(params.stop) and params.best_of in (None, params.n))
     return dataclasses.replace(params, output_kind="delta" if needs_steps else "final")
 
 

@@ -1,0 +1,160 @@
+"""The random draw of the sampler: temperature, min_p, top-k and top-p without sorting the vocabulary.
+
+Each row draws from softmax(logits / T) restricted as vLLM restricts it: min_p (keep p >= min_p x
+p_max), then top-k, then top-p over what is left, renormalised. Two exact paths, chosen by each
+row's own top_k so that a row's token never depends on the rest of its batch:
+
+- candidates (0 < top_k <= CANDIDATE_LIMIT): `lax.top_k` over the batch's largest k (a static,
+  power-of-two width), min_p and top-p over the sorted candidates (top-p mass by a sequential
+  scan, the same sums at any width), then Gumbel-max whose noise is keyed by token id: the draw
+  is the same whatever the width.
+- full vocabulary (every other row): one exp pass, min_p in it; top-k above the limit and top-p
+  by bisection over the float bits (32 masked passes, exact, no sort); then inverse-CDF sampling
+  with one uniform per row (block sums of 64 tokens, cumulative over blocks, then within the
+  chosen block).
+
+Randomness is a pure function of (seed, stream, position) and, for candidates, the token id.
+Per-step costs of each path are in docs/notes/sampling.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+CANDIDATE_LIMIT = 64  # largest top_k sampled among lax.top_k candidates; larger k: full-vocabulary threshold
+_BLOCK = 64  # tokens per block of the inverse-CDF search
+
+
+class DrawMode(NamedTuple):
+    """The static shape of a step's random draw (a compiled variant each)."""
+
+    num_candidates: int  # lax.top_k width for the candidate rows; 0 = no row samples among candidates
+    full_top_k: bool  # some full-vocabulary row has top_k > CANDIDATE_LIMIT
+    full_top_p: bool  # some full-vocabulary row has top_p < 1
+
+
+def row_keys(seed: jax.Array, stream: jax.Array, position: jax.Array) -> jax.Array:
+    """One PRNG key per row from u32[R] seeds, i32[R] streams and i32[R] positions."""
+    return jax.vmap(lambda s, t, p: jax.random.fold_in(jax.random.fold_in(jax.random.key(s), t), p))(
+        seed, stream, position)
+
+
+def _ordered(x: jax.Array) -> jax.Array:
+    """f32 -> u32 keys in the same order (negatives flipped below the positives)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _largest_passing(passes, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """Per row, the largest u32 key t in [lo, hi) with passes(t) (monotone: true up to some t, false
+    after), given passes(lo) and not passes(hi): 32 halvings cover any u32 range."""
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        ok = passes(mid)
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    return jax.lax.fori_loop(0, 32, halve, (lo, hi))[0]
+
+
+def _kth_largest(keys: jax.Array, k: jax.Array) -> jax.Array:
+    """u32[R] key of the k-th largest of keys u32[R, V] (1 <= k <= V): ties of it are kept too, as
+    vLLM's top-k keeps every logit >= its k-th."""
+    lo, hi = jnp.min(keys, -1), jnp.max(keys, -1)
+    passes = lambda t: jnp.sum(keys >= t[:, None], -1) >= k
+    return jnp.where(passes(hi), hi, _largest_passing(passes, lo, hi))
+
+
+def _top_p_floor(weights: jax.Array, top_p: jax.Array) -> jax.Array:
+    """u32[R] bits of the smallest weight kept by top-p over weights f32[R, V] >= 0: the largest t
+    with mass(weights >= t) >= top_p x total, i.e. the smallest top set reaching top_p."""
+    bits = jax.lax.bitcast_convert_type(weights, jnp.uint32)  # non-negative floats: bits keep the order
+    goal = top_p * jnp.sum(weights, -1)
+    passes = lambda t: jnp.sum(jnp.where(bits >= t[:, None], weights, 0.0), -1) >= goal
+    return _largest_passing(passes, jnp.zeros_like(goal, jnp.uint32), jnp.max(bits, -1) + 1)
+
+
+def inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """i32[R] index drawn with probability weights / sum from f32[R, V] >= 0 and one uniform
+    u f32[R] in [0, 1): the first index whose cumulative weight exceeds u x total, searched by
+    blocks. A row of zero weights gives garbage (the caller replaces it)."""
+    rows, vocab = weights.shape
+    pad = -vocab % _BLOCK
+    blocks = jnp.pad(weights, ((0, 0), (0, pad))).reshape(rows, -1, _BLOCK)  # [R, NB, 64]
+    sums = jnp.sum(blocks, -1)  # [R, NB]
+    cum = jnp.cumsum(sums, -1)
+    target = u * cum[:, -1]
+    # Rounding may put the target at or past the last cumulative sum: never leave the last block
+    # (or token) that has weight.
+    last = lambda w: w.shape[-1] - 1 - jnp.argmax(w[:, ::-1] > 0, -1)
+    b = jnp.minimum(jnp.sum(cum <= target[:, None], -1), last(sums))
+    before = jnp.where(b > 0, jnp.take_along_axis(cum, jnp.maximum(b - 1, 0)[:, None], -1)[:, 0], 0.0)
+    chosen = jnp.take_along_axis(blocks, b[:, None, None], 1)[:, 0]  # [R, 64]
+    inside = before[:, None] + jnp.cumsum(chosen, -1)
+    j = jnp.minimum(jnp.sum(inside <= target[:, None], -1), last(chosen))
+    return (b * _BLOCK + j).astype(jnp.int32)
+
+
+def _exclusive_prefix(w: jax.Array) -> jax.Array:
+    """f32[R, K]: sum of w[:, :i] for each i, added left to right (so a row's sums do not depend on
+    K: jnp.cumsum's association varies with the length)."""
+    step = lambda acc, col: (acc + col, acc)
+    return jax.lax.scan(step, jnp.zeros(w.shape[0], w.dtype), w.T)[1].T
+
+
+def _candidates(scaled, top_k, top_p, min_p, keys, width):
+    """Tokens i32[R] and whether any had weight, drawn among each row's top_k of `width` candidates."""
+    values, ids = jax.lax.top_k(scaled, width)  # [R, K] best first, ties to the lower id
+    e = jnp.exp(values - values[:, :1])  # relative probabilities, 1 for the best
+    keep = (jnp.arange(width) < top_k[:, None]) & (e >= min_p[:, None])
+    w = jnp.where(keep, e, 0.0)
+    before = _exclusive_prefix(w)
+    total = before[:, -1] + w[:, -1]
+    keep &= (before < (top_p * total)[:, None]) | (top_p >= 1.0)[:, None]
+    u = jax.vmap(lambda key, row: jax.vmap(lambda t: jax.random.uniform(jax.random.fold_in(key, t)))(row))(keys, ids)
+    score = jnp.where(keep, values - jnp.log(-jnp.log(u)), -jnp.inf)  # Gumbel-max
+    pick = jnp.argmax(score, -1)
+    return jnp.take_along_axis(ids, pick[:, None], -1)[:, 0], jnp.take_along_axis(score, pick[:, None], -1)[:, 0] > -jnp.inf
+
+
+def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array,
+         keys: jax.Array, mode: DrawMode) -> tuple[jax.Array, jax.Array]:
+    """Samples i32[R] tokens from logits f32[R, V] (after the controls) under each row's
+    temperature (> 0; other rows' results are garbage), top_k (0 = off, < V), top_p and min_p, with
+    one key per row. Also returns bool[R]: the row had a token with weight (else all were masked)."""
+    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    top = jnp.max(scaled, -1, keepdims=True)
+    e = jnp.exp(scaled - jnp.where(jnp.isfinite(top), top, 0.0))  # [R, V] relative probabilities
+    keep = e >= min_p[:, None]
+    if mode.full_top_k:
+        big_k = top_k > CANDIDATE_LIMIT
+        kth = _kth_largest(_ordered(scaled), jnp.where(big_k, top_k, 1))
+        keep &= (_ordered(scaled) >= kth[:, None]) | ~big_k[:, None]
+    weights = jnp.where(keep, e, 0.0)
+    if mode.full_top_p:
+        floor = _top_p_floor(weights, top_p)
+        bits = jax.lax.bitcast_convert_type(weights, jnp.uint32)
+        weights = jnp.where((bits >= floor[:, None]) | (top_p >= 1.0)[:, None], weights, 0.0)
+    u = jax.vmap(jax.random.uniform)(keys)
+    tokens, ok = inverse_cdf(weights, u), jnp.sum(weights, -1) > 0
+    if mode.num_candidates:
+        small_k = (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
+        picked, picked_ok = _candidates(scaled, top_k, top_p, min_p, keys, mode.num_candidates)
+        tokens, ok = jnp.where(small_k, picked, tokens), jnp.where(small_k, picked_ok, ok)
+    return tokens, ok
+
+
+def draw_mode(temperature, top_k, top_p) -> DrawMode | None:
+    """The DrawMode of a step from its rows' numpy settings (top_k already < V), None when no row
+    is random."""
+    random = temperature > 0
+    if not random.any():
+        return None
+    small = random & (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
+    width = int(top_k[small].max()) if small.any() else 0
+    return DrawMode(num_candidates=max(8, 1 << (width - 1).bit_length()) if width else 0,
+                    full_top_k=bool((random & (top_k > CANDIDATE_LIMIT)).any()),
+                    full_top_p=bool((random & ~small & (top_p < 1.0)).any()))
