@@ -55,6 +55,9 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
         raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
                          f"{kv.rows.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
                          f"(cache.num_blocks - 1)")
+    if sampling_params.bad_words and not sampling_params.bad_words_token_ids:
+        raise ValueError(f"{params_field}.bad_words: need a tokenizer (the text front end turns them into "
+                         f"bad_words_token_ids); without one, give bad_words_token_ids")
     n = sampling_params.n
     width, width_field = (n, "n") if sampling_params.best_of is None else (sampling_params.best_of, "best_of")
     if width > scheduler.max_num_seqs:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import zlib
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -169,9 +170,9 @@ class SamplingParams:
     min_tokens: int = 0  # stop ids and EOS cannot be sampled before the output holds this many tokens
     min_p: float = 0.0  # in [0, 1]: drop tokens less likely than min_p x the likeliest (after temperature)
     allowed_token_ids: tuple[int, ...] | None = None  # only these tokens may be sampled
-    bad_words: tuple[str, ...] = ()  # words never completed (the text layer fills bad_words_token_ids)
+    bad_words: tuple[str, ...] = ()  # words never completed (the text front end fills bad_words_token_ids)
     # Token-id sequences never completed: the last token of one is banned whenever the output ends
-    # with the rest of it (vLLM: the engine reads these; bad_words without them are refused).
+    # with the rest of it (vLLM's rule; the engine reads these, and refuses bad_words without them).
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     best_of: int | None = None  # sample this many (>= n) and return the n with the best cumulative logprob
     # Structured outputs: the matcher every sequence starts from (jpaged.core.constraints).
@@ -189,9 +190,6 @@ class SamplingParams:
         if self.best_of is not None and self.best_of > self.n and self.output_kind != "final":
             raise ValueError(f"SamplingParams.best_of={self.best_of} > n={self.n} needs output_kind 'final' (the "
                              f"n best are known only at the end), got output_kind={self.output_kind!r}")
-        if self.bad_words and not self.bad_words_token_ids:
-            raise ValueError("SamplingParams.bad_words need bad_words_token_ids (the text front end fills them "
-                             "from the tokenizer; a model without one can take token ids only)")
         if self.use_beam_search:
             unsupported = active_controls(self)
             if self.best_of not in (None, self.n):

@@ -253,7 +253,8 @@ class AsyncLLMEngine:
             try:
                 self._processor.add_request(command.request_id, command.prompt_ids, command.params, command.prompt)
                 try:
-                    self.engine.add_request(command.request_id, command.prompt_ids, engine_params(command.params))
+                    self.engine.add_request(command.request_id, command.prompt_ids,
+                                            engine_params(command.params, self._processor.tokenizer))
                 except BaseException:
                     self._processor.abort(command.request_id)
                     raise

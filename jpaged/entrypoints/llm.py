@@ -82,14 +82,14 @@ class LLM:
         self._num_requests += len(items)
         finals = [p if p.output_kind == "final" else dataclasses.replace(p, output_kind="final") for p in params]
         for i, (request_id, (token_ids, _), p) in enumerate(zip(ids, encoded, finals)):
-            self.engine.check_request(request_id, token_ids, engine_params(p), prompt_field=f"prompts[{i}]",
-                                      params_field=f"sampling_params[{i}]")
+            self.engine.check_request(request_id, token_ids, engine_params(p, self.tokenizer),
+                                      prompt_field=f"prompts[{i}]", params_field=f"sampling_params[{i}]")
         queued: list[str] = []
         try:
             for request_id, (token_ids, text), final in zip(ids, encoded, finals):
                 self._processor.add_request(request_id, token_ids, final, prompt=text)
                 queued.append(request_id)
-                self.engine.add_request(request_id, token_ids, engine_params(final))
+                self.engine.add_request(request_id, token_ids, engine_params(final, self.tokenizer))
         except Exception:
             for request_id in queued:  # leave nothing behind: the engine reports them aborted, unread
                 self._processor.abort(request_id)

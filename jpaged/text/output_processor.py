@@ -20,6 +20,7 @@ import dataclasses
 from jpaged.core.outputs import CompletionOutput, RequestOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
+from jpaged.text.bad_words import with_bad_word_ids
 from jpaged.text.output_text import OutputText
 from jpaged.text.tokenizer import Tokenizer
 
@@ -49,8 +50,10 @@ class _Request:
     reported: bool = False  # the user got an output already (the first token goes out at once)
 
 
-def engine_params(params: SamplingParams) -> SamplingParams:
-    """The SamplingParams the engine gets: per-step deltas when the text must be seen as it grows."""
+def engine_params(params: SamplingParams, tokenizer: Tokenizer | None = None) -> SamplingParams:
+    """The SamplingParams the engine gets: per-step deltas when the text must be seen as it grows,
+    bad words as token ids (with the model's `tokenizer`)."""
+    params = with_bad_word_ids(params, tokenizer)
     # (best_of > n ranks its samples at the end: their stop strings then cut the final texts only)
     needs_steps = params.output_kind != "final" or (bool(params.stop) and params.best_of in (None, params.n))
     return dataclasses.replace(params, output_kind="delta" if needs_steps else "final")

@@ -18,6 +18,7 @@ from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from jpaged.core.sequence import SamplingParams as SP
 from jpaged.engine import LLMEngine
 from jpaged.paper.workloads import WorkloadConfig
+from tests.helpers.constraints import DigitsThenEos
 from tests.helpers.tiny_engines import dense_greedy, make_engine, run_to_end
 
 GOOD_PROMPT = [5, 6, 7, 8]
@@ -182,6 +183,46 @@ CASES = [
         "use_beam_search", "temperature=0.7"),
     row("beam-with-top_k", lambda e, d: SP(n=2, use_beam_search=True, top_k=5), ValueError,
         "use_beam_search", "top_k=5"),
+    # ---- SamplingParams: the sampling controls (vLLM's ranges), and the door's vocabulary checks
+    row("presence-over-2", lambda e, d: SP(presence_penalty=2.5), ValueError, "SamplingParams.presence_penalty",
+        "[-2, 2]", "2.5"),
+    row("frequency-str", lambda e, d: SP(frequency_penalty="1"), TypeError, "SamplingParams.frequency_penalty", "'1'"),
+    row("repetition-zero", lambda e, d: SP(repetition_penalty=0.0), ValueError, "SamplingParams.repetition_penalty",
+        "(0,", "got 0.0"),
+    row("repetition-nan", lambda e, d: SP(repetition_penalty=NAN), ValueError, "SamplingParams.repetition_penalty"),
+    row("logit_bias-list", lambda e, d: SP(logit_bias=[1, 2]), TypeError, "SamplingParams.logit_bias", "list"),
+    row("logit_bias-str-key", lambda e, d: SP(logit_bias={"5": 1.0}), TypeError, "SamplingParams.logit_bias key",
+        "'5'"),
+    row("logit_bias-over-100", lambda e, d: SP(logit_bias={5: 101.0}), ValueError, "SamplingParams.logit_bias[5]",
+        "[-100, 100]"),
+    row("logit_bias-out-of-vocab", lambda e, d: e.add_request("x", [1, 2], SP(logit_bias={VOCAB: 1.0})), ValueError,
+        "sampling_params.logit_bias keys[0]", str(VOCAB)),
+    row("min_tokens-over-max_tokens", lambda e, d: SP(min_tokens=5, max_tokens=4), ValueError,
+        "SamplingParams.min_tokens", "max_tokens (4)", "got 5"),
+    row("min_tokens-negative", lambda e, d: SP(min_tokens=-1), ValueError, "SamplingParams.min_tokens", "-1"),
+    row("min_p-over-1", lambda e, d: SP(min_p=1.5), ValueError, "SamplingParams.min_p", "[0, 1]"),
+    row("allowed-empty", lambda e, d: SP(allowed_token_ids=[]), ValueError, "SamplingParams.allowed_token_ids", "empty"),
+    row("allowed-out-of-vocab", lambda e, d: e.add_request("x", [1, 2], SP(allowed_token_ids=[1, VOCAB + 5])),
+        ValueError, "sampling_params.allowed_token_ids[1]", str(VOCAB + 5)),
+    row("bad_words-without-ids", lambda e, d: e.add_request("x", [1, 2], SP(bad_words=["foo"])), ValueError,
+        "sampling_params.bad_words", "tokenizer"),
+    row("bad_words-empty-word", lambda e, d: SP(bad_words=[""]), ValueError, "SamplingParams.bad_words"),
+    row("bad_words_token_ids-flat", lambda e, d: SP(bad_words_token_ids=[1, 2]), TypeError,
+        "SamplingParams.bad_words_token_ids[0]", "int 1"),
+    row("bad_words_token_ids-out-of-vocab", lambda e, d: e.add_request("x", [1, 2], SP(
+        bad_words_token_ids=[[3], [4, VOCAB]])), ValueError, "sampling_params.bad_words_token_ids[1][1]"),
+    row("best_of-under-n", lambda e, d: SP(n=3, best_of=2, temperature=1.0), ValueError, "SamplingParams.best_of",
+        ">= n (3)"),
+    row("best_of-over-max_num_seqs", lambda e, d: e.add_request("x", [1, 2], SP(best_of=201, temperature=1.0)),
+        ValueError, "sampling_params.best_of=201", "max_num_seqs=200"),
+    row("best_of-streamed", lambda e, d: SP(n=1, best_of=2, output_kind="delta"), ValueError,
+        "SamplingParams.best_of=2", "output_kind"),
+    row("constraint-str", lambda e, d: SP(constraint="json"), TypeError, "SamplingParams.constraint", "TokenConstraint"),
+    row("constraint-past-vocab", lambda e, d: e.add_request("x", [1, 2], SP(constraint=DigitsThenEos(
+        [5], 2, VOCAB + 1))), ValueError, "sampling_params.constraint.vocab_size", str(VOCAB + 1)),
+    row("beam-with-controls", lambda e, d: SP(n=2, use_beam_search=True, repetition_penalty=1.2, min_tokens=2,
+                                              logit_bias={1: 1.0}, best_of=3), ValueError,
+        "use_beam_search does not support", "repetition_penalty", "logit_bias", "min_tokens", "best_of"),
     # ---- config dataclasses
     row("cache-block_size-3", lambda e, d: CacheConfig(block_size=3), ValueError, "cache.block_size", "power of two"),
     row("cache-block_size-float", lambda e, d: CacheConfig(block_size=16.0), TypeError, "cache.block_size", "16.0"),
