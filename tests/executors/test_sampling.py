@@ -134,13 +134,16 @@ def test_top_k_above_the_candidate_limit_keeps_the_ties_of_the_kth():
 
 
 def test_a_rows_draw_does_not_depend_on_the_rest_of_its_batch():
-    """The same 16 rows (their logits, settings, seed, stream and position) drawn alone and among
-    rows that change every static choice of the step: the candidate width, the full-vocabulary
-    top-k and top-p passes, a greedy row, the controls."""
-    rng = np.random.default_rng(5)
-    logits = rng.normal(size=(40, 500)).astype(np.float32) * 3
-    settings = [(1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, 0, 0.9, 0.0), (1.0, 12, 0.8, 0.1), (0.9, 0, 1.0, 0.2),
-                (1.0, 200, 1.0, 0.0), (1.1, 64, 0.95, 0.0), (0.5, 0, 0.6, 0.05)] * 2
+    """Rows drawn alone and among rows that change every static choice of the step: the
+    candidate width (16 -> 64), the full-vocabulary top-k and top-p passes (off -> on, and on ->
+    on with candidates beside them), a greedy row, the controls. Each row keeps its logits,
+    settings, seed, stream and position; its token must not move."""
+    logits = np.random.default_rng(5).normal(size=(40, 500)).astype(np.float32) * 3
+    # (temperature, top_k, top_p, min_p): group A needs candidates of width 16 and nothing else,
+    # group B the full-vocabulary passes and no candidates.
+    group_a = [(1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.0, 12, 0.8, 0.1), (0.9, 0, 1.0, 0.2), (1.1, 16, 0.95, 0.0),
+               (0.5, 3, 0.6, 0.05)] * 2
+    group_b = [(1.3, 0, 0.9, 0.0), (1.0, 200, 1.0, 0.0), (0.5, 0, 0.6, 0.05), (1.0, 100, 0.7, 0.0)] * 2
 
     def batch(rows):
         t, k, p, m = (np.array(v) for v in zip(*[s for s, _ in rows]))
@@ -149,13 +152,16 @@ def test_a_rows_draw_does_not_depend_on_the_rest_of_its_batch():
                              seed=np.full(len(rows), 9, np.uint32), stream=np.array([r * 7 for _, r in rows], np.int32),
                              position=np.array([r + 1 for _, r in rows], np.int32), min_p=m.astype(np.float32))
 
-    mine = [(s, r) for r, s in enumerate(settings)]
-    alone = sample(jax.numpy.asarray(logits), batch(mine)).token_ids
-    others = [((1.0, 60, 1.0, 0.0), 20), ((0.0, 0, 1.0, 0.0), 21), ((2.0, 300, 0.5, 0.0), 22), ((1.0, 0, 0.3, 0.0), 23)]
-    crowd = batch(others[:2] + mine[:8] + others[2:] + mine[8:])
-    crowd.controls = build_controls_for_rows(len(crowd.logits_rows), {0: dict(presence_penalty=1.0)})
+    a = [(s, r) for r, s in enumerate(group_a)]
+    b = [(s, r) for r, s in enumerate(group_b, len(group_a))]
+    a_alone = sample(jax.numpy.asarray(logits), batch(a)).token_ids
+    b_alone = sample(jax.numpy.asarray(logits), batch(b)).token_ids
+    others = [((1.0, 60, 1.0, 0.0), 30), ((0.0, 0, 1.0, 0.0), 31), ((2.0, 300, 0.5, 0.0), 32), ((1.0, 0, 0.3, 0.0), 33)]
+    crowd = batch(others[:2] + a + others[2:] + b)
+    crowd.controls = build_controls_for_rows(len(crowd.logits_rows), {0: {"presence_penalty": 1.0}})
     together = sample(jax.numpy.asarray(logits), crowd).token_ids
-    np.testing.assert_array_equal(np.concatenate([together[2:10], together[12:]]), alone)
+    np.testing.assert_array_equal(together[2: 2 + len(a)], a_alone)
+    np.testing.assert_array_equal(together[4 + len(a):], b_alone)
 
 
 def build_controls_for_rows(num_rows, params_by_row):
