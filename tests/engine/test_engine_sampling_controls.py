@@ -84,12 +84,12 @@ def _alone():
 # Both policies and both preemption modes by default; the other pairings, the roomy crowd and small
 # chunks with -m slow (each setting compiles its own step shapes: tens of seconds on 2 cores).
 @pytest.mark.parametrize("setting", [
-    dict(num_blocks=10, mode="recompute"),
-    dict(num_blocks=10, num_host_blocks=40, mode="swap", policy="paper"),
-    pytest.param(dict(num_blocks=10, num_host_blocks=40, mode="swap"), marks=pytest.mark.slow),
-    pytest.param(dict(num_blocks=10, mode="recompute", policy="paper"), marks=pytest.mark.slow),
-    pytest.param(dict(), marks=pytest.mark.slow),
-    pytest.param(dict(num_blocks=40, block_size=8, max_num_batched_tokens=24), marks=pytest.mark.slow),
+    {"num_blocks": 10, "mode": "recompute"},
+    {"num_blocks": 10, "num_host_blocks": 40, "mode": "swap", "policy": "paper"},
+    pytest.param({"num_blocks": 10, "num_host_blocks": 40, "mode": "swap"}, marks=pytest.mark.slow),
+    pytest.param({"num_blocks": 10, "mode": "recompute", "policy": "paper"}, marks=pytest.mark.slow),
+    pytest.param({}, marks=pytest.mark.slow),
+    pytest.param({"num_blocks": 40, "block_size": 8, "max_num_batched_tokens": 24}, marks=pytest.mark.slow),
 ], ids=["recompute", "paper-swap", "swap", "paper-recompute", "crowd", "chunk24"])
 def test_every_control_is_seeded_alone_in_a_crowd_and_under_preemption(setting):
     eng = engine(**setting)

@@ -93,9 +93,9 @@ def draws(logits_row, num, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=
 
 # Every path: the full vocabulary (temperature alone, min_p, top-p by bisection, top-k above the
 # candidate limit), and the candidates (0 < top_k <= 64, with top-p and min_p over them).
-DRAW_CASES = [dict(), dict(temperature=0.6), dict(min_p=0.1), dict(top_p=0.8), dict(top_p=0.5, min_p=0.02),
-              dict(top_k=100), dict(top_k=100, top_p=0.9, temperature=2.0), dict(top_k=5), dict(top_k=40, top_p=0.7),
-              dict(top_k=20, min_p=0.05, temperature=1.5)]
+DRAW_CASES = [{}, {"temperature": 0.6}, {"min_p": 0.1}, {"top_p": 0.8}, {"top_p": 0.5, "min_p": 0.02},
+              {"top_k": 100}, {"top_k": 100, "top_p": 0.9, "temperature": 2.0}, {"top_k": 5}, {"top_k": 40, "top_p": 0.7},
+              {"top_k": 20, "min_p": 0.05, "temperature": 1.5}]
 
 
 @pytest.mark.parametrize("settings", DRAW_CASES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "T=1")
@@ -113,8 +113,8 @@ def test_draws_follow_vllms_distribution(settings):
     assert 0.5 * np.abs(empirical - expected).sum() < 1.5 * noise
 
 
-@pytest.mark.parametrize("settings, size", [(dict(top_k=7), 7), (dict(top_k=90), 90), (dict(min_p=0.5), None),
-                                            (dict(top_p=0.3), None), (dict(top_k=30, top_p=0.5), None)])
+@pytest.mark.parametrize("settings, size", [({"top_k": 7}, 7), ({"top_k": 90}, 90), ({"min_p": 0.5}, None),
+                                            ({"top_p": 0.3}, None), ({"top_k": 30, "top_p": 0.5}, None)])
 def test_support_sets_are_exact(settings, size):
     """At a high temperature every kept token is likely enough to be drawn: the drawn set is the
     reference support exactly (top-k's k tokens, min_p's and top-p's sets)."""
@@ -200,11 +200,11 @@ def vllm_processed(logits, prompt, output, *, presence=0.0, frequency=0.0, repet
     return x
 
 
-CONTROL_ROWS = [dict(), dict(repetition_penalty=1.7), dict(repetition_penalty=0.6, frequency_penalty=0.4),
-                dict(presence_penalty=-1.5, frequency_penalty=2.0), dict(logit_bias={3: 5.5, 99: -100.0, 7: 0.25}),
-                dict(min_tokens=11, stop_token_ids=[11]), dict(bad_words_token_ids=[[42], [4, 8], [5, 9]]),
-                dict(allowed_token_ids=list(range(0, 128, 3))),
-                dict(repetition_penalty=1.2, presence_penalty=0.5, logit_bias={4: 1.0}, allowed_token_ids=[4, 5, 6, 60])]
+CONTROL_ROWS = [{}, {"repetition_penalty": 1.7}, {"repetition_penalty": 0.6, "frequency_penalty": 0.4},
+                {"presence_penalty": -1.5, "frequency_penalty": 2.0}, {"logit_bias": {3: 5.5, 99: -100.0, 7: 0.25}},
+                {"min_tokens": 11, "stop_token_ids": [11]}, {"bad_words_token_ids": [[42], [4, 8], [5, 9]]},
+                {"allowed_token_ids": list(range(0, 128, 3))},
+                {"repetition_penalty": 1.2, "presence_penalty": 0.5, "logit_bias": {4: 1.0}, "allowed_token_ids": [4, 5, 6, 60]}]
 
 
 def test_controls_give_vllms_logits_exactly():
@@ -242,8 +242,8 @@ def test_greedy_rows_take_the_argmax_of_processed_logits_and_report_raw_logprobs
     logits = rng.normal(size=(3, 64)).astype(np.float32)
     top = logits.argmax(-1)
     batch = _batch([0, 1, 2])
-    batch.controls = build_controls_for_rows(3, {0: dict(logit_bias={int(top[0]): -100.0}),
-                                                 2: dict(allowed_token_ids=[5, 6])})
+    batch.controls = build_controls_for_rows(3, {0: {"logit_bias": {int(top[0]): -100.0}},
+                                                 2: {"allowed_token_ids": [5, 6]}})
     result = sample(jax.numpy.asarray(logits), batch)
     second = np.argsort(-logits[0])[1]
     assert result.token_ids.tolist() == [second, top[1], 5 + int(logits[2, 6] > logits[2, 5])]
@@ -256,6 +256,6 @@ def test_a_random_row_with_every_token_masked_takes_the_argmax():
     logits, the first token, rather than a garbage index; a row with one token left draws it."""
     logits = np.random.default_rng(8).normal(size=(2, 64)).astype(np.float32)
     batch = _batch([0, 1], temperature=1.0)
-    batch.controls = build_controls_for_rows(2, {0: dict(bad_words_token_ids=[[t] for t in range(64)]),
-                                                 1: dict(allowed_token_ids=[9])})
+    batch.controls = build_controls_for_rows(2, {0: {"bad_words_token_ids": [[t] for t in range(64)]},
+                                                 1: {"allowed_token_ids": [9]}})
     assert sample(jax.numpy.asarray(logits), batch).token_ids.tolist() == [0, 9]
