@@ -204,7 +204,7 @@ def prompt_ids(prompt: str | list[int], tokenizer: Tokenizer | None,
             raise ValueError(f"{field}: text prompts need a tokenizer (this model has none: pass token ids)")
         if not prompt:
             raise ValueError(f"{field}: is empty")
-        return tokenizer.encode(prompt), prompt
+        return tokenizer.encode(prompt, field=field), prompt
     if isinstance(prompt, (list, tuple)) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt), None

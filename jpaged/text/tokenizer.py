@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
+def check_encodable(text: str, field: str) -> None:
+    """ValueError naming `field` when `text` cannot be encoded as UTF-8, which no tokenizer reads:
+    a lone UTF-16 surrogate (JSON's "\\ud800" escape decodes to one) has no UTF-8 form."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field}: is not valid Unicode text: the lone surrogate {text[exc.start]!r} at character "
+                         f"{exc.start} has no UTF-8 encoding") from None
+
+
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -148,15 +160,29 @@ class Tokenizer:
         """Number of token ids, added tokens included (ids are in [0, vocab_size))."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` adds what the post-processor adds (BOS, usually)."""
+    def encode(self, text: str, add_special_tokens: bool = True, field: str = "text") -> list[int]:
+        """Token ids of `text`; `add_special_tokens` adds what the post-processor adds (BOS, usually).
+        Raises TypeError / ValueError naming `field` for a non-str or text with no UTF-8 form."""
         if not isinstance(text, str):
-            raise TypeError(f"text: must be a str, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            raise TypeError(f"{field}: must be a str, got {type(text).__name__}")
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:  # the Rust side's "TextInputSequence must be str": a lone surrogate
+            check_encodable(text, field)
+            raise
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
-        """`encode` of many texts at once (the Rust side runs them in parallel)."""
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True,
+                     field: str = "texts") -> list[list[int]]:
+        """`encode` of many texts at once (the Rust side runs them in parallel, without the GIL);
+        errors name `field[i]`."""
+        try:
+            return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+        except TypeError:
+            for i, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise TypeError(f"{field}[{i}]: must be a str, got {type(text).__name__}") from None
+                check_encodable(text, f"{field}[{i}]")
+            raise
 
     def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """The text of `token_ids`; invalid or incomplete UTF-8 becomes U+FFFD."""
@@ -194,4 +220,4 @@ class Tokenizer:
                                     "(tokenizer_config.json or chat_template.jinja)")
         text = render_chat(source, messages, add_generation_prompt=add_generation_prompt,
                            special_tokens=self.special_tokens, **variables)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        return self.encode(text, add_special_tokens=False, field="messages") if tokenize else text

@@ -92,6 +92,12 @@ def test_bad_prompts_name_the_prompt_and_leave_nothing_queued(llm):
         llm.generate([[1, 2], [5, 10**6]], use_tqdm=False)
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a", "b"], [SamplingParams()], use_tqdm=False)
+    # A lone UTF-16 surrogate (what JSON's "\\ud800" decodes to) has no UTF-8 form: no tokenizer reads it.
+    with pytest.raises(ValueError, match=r"prompts\[1\]: is not valid Unicode text: the lone surrogate '\\ud800' at "
+                                         r"character 3"):
+        llm.generate(["ok", "abc\ud800def"], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"messages: is not valid Unicode text"):
+        llm.chat([{"role": "user", "content": "x\udfff"}], use_tqdm=False)
     llm.generate("x", SamplingParams(max_tokens=1), use_tqdm=False)  # drains what the failures aborted
     assert not llm.engine.has_unfinished() and free_blocks(llm)
 
