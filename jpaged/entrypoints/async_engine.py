@@ -37,6 +37,11 @@ class EngineDeadError(RuntimeError):
     """The engine's step loop failed or was shut down; no request can be served any more."""
 
 
+class RequestAborted(RuntimeError):
+    """Raised to a request's reader when `abort_all` ended it (the server shuts down): it need not
+    wait for the engine's next step to learn it."""
+
+
 def merge_outputs(old: RequestOutput, new: RequestOutput, kind: str) -> RequestOutput:
     """Two consecutive outputs of one request as one (deltas concatenate per sample)."""
     if kind != "delta":
@@ -63,6 +68,8 @@ class _Collector:
         self.ready = asyncio.Event()
 
     def put(self, output: RequestOutput) -> None:
+        if self.error is not None:  # ended already (abort_all): the reader learns nothing newer
+            return
         self.pending = output if self.pending is None else merge_outputs(self.pending, output, self.kind)
         self.ready.set()
 
@@ -71,11 +78,12 @@ class _Collector:
         self.ready.set()
 
     async def get(self) -> RequestOutput:
-        await self.ready.wait()
-        if self.pending is None and self.error is not None:
-            raise self.error
+        await self.ready.wait()  # set by put (pending) or fail (error)
         output, self.pending = self.pending, None
-        self.ready.clear()
+        if output is None:
+            raise self.error
+        if self.error is None:  # once failed it stays set: the next get raises at once
+            self.ready.clear()
         return output
 
 
@@ -85,6 +93,7 @@ class _Add:
     prompt_ids: list[int]
     prompt: str | None
     params: SamplingParams
+    cache_salt: str | None  # prefix-cache namespace (requests with different salts never share blocks)
     done: asyncio.Future  # resolved on the event loop: None, or the add_request error
 
 
@@ -174,19 +183,24 @@ class AsyncLLMEngine:
         self._num_requests += 1
         return f"{prefix}-{self._num_requests}"
 
-    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          cache_salt: str | None = None) -> RequestStream:
         """Queues a request once the engine accepted it; returns its stream of outputs.
 
         Raises ValueError / TypeError (naming the field) when the engine refuses the request,
-        before anything is streamed. `params.output_kind` says what each output holds.
+        before anything is streamed. `params.output_kind` says what each output holds. A text
+        prompt is encoded in a worker thread (a long one takes seconds: the event loop goes on).
         """
-        ids, text = prompt_ids(prompt, self.tokenizer)
+        if isinstance(prompt, str):
+            ids, text = await asyncio.to_thread(prompt_ids, prompt, self.tokenizer)
+        else:
+            ids, text = prompt_ids(prompt, self.tokenizer)
         self.start()
         if request_id in self._collectors:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         collector = self._collectors[request_id] = _Collector(params.output_kind)
         done = self._loop.create_future()
-        self._commands.put(_Add(request_id, ids, text, params, done))
+        self._commands.put(_Add(request_id, ids, text, params, cache_salt, done))
         try:
             await done
         except BaseException:
@@ -212,6 +226,19 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         """Aborts a request (its stream ends with finish reason "abort" at the next step)."""
         self._commands.put(("abort", request_id))
+
+    @property
+    def num_open_requests(self) -> int:
+        """Requests added whose streams have not ended yet."""
+        return len(self._collectors)
+
+    def abort_all(self, reason: str = "aborted") -> int:
+        """Aborts every open request: the engine frees their blocks at its next step, and each reader
+        gets what was pending, then RequestAborted(reason) at once. How many were open."""
+        for request_id, collector in self._collectors.items():
+            self._commands.put(("abort", request_id))
+            collector.fail(RequestAborted(reason))
+        return len(self._collectors)
 
     # ------------------------------------------------------------------ the step loop (its thread)
 
@@ -254,7 +281,8 @@ class AsyncLLMEngine:
                 self._processor.add_request(command.request_id, command.prompt_ids, command.params, command.prompt)
                 try:
                     self.engine.add_request(command.request_id, command.prompt_ids,
-                                            engine_params(command.params, self._processor.tokenizer))
+                                            engine_params(command.params, self._processor.tokenizer),
+                                            cache_salt=command.cache_salt)
                 except BaseException:
                     self._processor.abort(command.request_id)
                     raise

@@ -3,11 +3,12 @@ requests raise before streaming, a slow reader gets merged deltas, shutdown ends
 
 import asyncio
 import itertools
+import threading
 
 import pytest
 
 from jpaged import LLM, AsyncLLMEngine, SamplingParams
-from jpaged.entrypoints.async_engine import EngineDeadError
+from jpaged.entrypoints.async_engine import EngineDeadError, RequestAborted
 from tests.helpers.text_assets import ASSET
 
 PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "x = 1"]
@@ -151,3 +152,53 @@ def test_stream_interval_sends_the_first_token_then_every_n_steps(llm):
     final = llm.generate(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True), use_tqdm=False)[0].outputs[0]
     assert "".join(c.outputs[0].text for c in chunks) == final.text
     assert chunks[-1].finished and chunks[-1].outputs[0].finish_reason == "length"
+
+
+def test_abort_all_ends_every_reader_at_once_and_frees_the_blocks(llm):
+    async def body(engine):
+        streams = [await engine.add_request(f"r{i}", p, SamplingParams(max_tokens=400, ignore_eos=True,
+                                                                       output_kind="delta"))
+                   for i, p in enumerate(PROMPTS[:2])]
+        first = [await anext(s) for s in streams]  # both are running
+        assert engine.num_open_requests == 2 and engine.abort_all("shutting down") == 2
+        for stream in streams:
+            with pytest.raises(RequestAborted, match="shutting down"):
+                async for _ in stream:  # what was pending, then the abort (not waiting for a step)
+                    pass
+            await stream.aclose()
+        # The engine applies the aborts at its next step: no block stays referenced.
+        for _ in range(200):
+            if all_free(llm) and not llm.engine.has_unfinished():
+                break
+            await asyncio.sleep(0.02)
+        return first
+
+    assert all(out.outputs[0].token_ids for out in serve(llm, body))
+    assert all_free(llm)
+
+
+def test_text_prompts_are_encoded_off_the_event_loop_and_the_cache_salt_reaches_the_engine(llm):
+    async def body(engine):
+        loop_thread = threading.get_ident()
+        encoded_on, salts = [], []
+        encode, add = engine.tokenizer.encode, engine.engine.add_request
+
+        def spy_encode(*args, **kwargs):
+            encoded_on.append(threading.get_ident())
+            return encode(*args, **kwargs)
+
+        def spy_add(*args, **kwargs):
+            salts.append(kwargs.get("cache_salt"))
+            return add(*args, **kwargs)
+
+        engine.tokenizer.encode, engine.engine.add_request = spy_encode, spy_add
+        try:
+            stream = await engine.add_request("salted", PROMPTS[1], SamplingParams(max_tokens=2), cache_salt="tenant")
+            outputs = [out async for out in stream]
+        finally:
+            del engine.tokenizer.encode, engine.engine.add_request
+        return loop_thread, encoded_on, salts, outputs
+
+    loop_thread, encoded_on, salts, outputs = serve(llm, body)
+    assert encoded_on and loop_thread not in encoded_on and salts == ["tenant"]
+    assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 2
