@@ -13,7 +13,8 @@ import sys
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over the OpenAI API (FastAPI + uvicorn)",
                        description="Serve a model with an OpenAI-compatible HTTP API: /v1/completions, "
-                                   "/v1/chat/completions, /v1/models, /health, /metrics.")
+                                   "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, "
+                                   "/version, /health, /metrics.")
     p.add_argument("--model", required=True, help="a preset name or a local Hugging Face directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -34,7 +35,10 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--attention-backend")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
-    p.add_argument("--no-warmup", action="store_true", help="skip compiling the smallest steps before serving")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip compiling the smallest steps at start (/health answers 200 at once)")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="on SIGTERM / SIGINT, seconds open requests get to finish before the rest are aborted")
     p.add_argument("--disable-access-log", action="store_true")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

@@ -9,8 +9,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,11 +31,13 @@ def free_port() -> int:
 
 
 class Server:
-    """A running server process: its base URL and how it ended."""
+    """A running server process: its base URL, what /health said while it started, and how it ended."""
 
     def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
         self.process, self.port, self.log_path = process, port, log_path
         self.base_url = f"http://127.0.0.1:{port}"
+        self.health_while_starting: list[int] = []  # /health's status codes until the first 200
+        self.starting_result: Any = None  # what `on_starting` returned
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -52,8 +55,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0) -> Iterator[Server]:
-    """`python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after."""
+def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
+                   on_starting: Callable[[Server], Any] | None = None) -> Iterator[Server]:
+    """`python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after.
+
+    `on_starting(server)` runs once, as soon as /health first answers 503 (the server listens
+    but is warming up); its result is kept as `server.starting_result`.
+    """
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
@@ -68,11 +76,15 @@ def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0) -> Itera
             if process.poll() is not None:
                 raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(server.base_url + "/health", timeout=5).status_code == 200:
+                status = httpx.get(server.base_url + "/health", timeout=5).status_code
+                server.health_while_starting.append(status)
+                if status == 200:
                     break
+                if status == 503 and on_starting is not None and server.health_while_starting.count(503) == 1:
+                    server.starting_result = on_starting(server)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not come up in {timeout} s:\n{server.log()}")
-            time.sleep(0.25)
+            time.sleep(0.02)
         yield server
     finally:
         server.stop()
@@ -92,7 +104,6 @@ def metrics(base_url: str) -> dict[str, float]:
 def metric(values: dict[str, float], name: str, **labels: str) -> float:
     """The value of `name` whose labels include `labels` (0.0 when absent, as for an unseen counter)."""
     for key, value in values.items():
-        if key == name or key.startswith(name + "{"):
-            if all(f'{k}="{v}"' in key for k, v in labels.items()):
-                return value
+        if (key == name or key.startswith(name + "{")) and all(f'{k}="{v}"' in key for k, v in labels.items()):
+            return value
     return 0.0

@@ -3,39 +3,50 @@
     jpaged serve --model assets/stdlib-lm --port 8000 [--config engine.yaml]
 
 Routes: POST /v1/completions and /v1/chat/completions (non-streaming JSON, or `stream: true` as
-server-sent events ending in `data: [DONE]`), GET /v1/models, /health, /metrics (Prometheus).
-What the door checks, before a request reaches the engine (400 + OpenAI error JSON naming the
-field): the body's JSON and every field's type and range (jpaged.entrypoints.serve.protocol), the model
-name (404), prompts (text needs a tokenizer; ids must be in the vocabulary), the chat messages
-against the chat template, prompt + max_tokens within max_model_len, and what LLMEngine.add_request
-refuses (n > max_num_seqs, a prompt larger than the KV pool). A refused request changes nothing;
-the others keep being served. A client that disconnects (streaming or not) aborts its requests.
+server-sent events ending in `data: [DONE]`), GET /v1/models; vLLM's POST /tokenize, /detokenize,
+GET /tokenizer_info, /version; GET /health (200 when ready, 503 while warming up, draining or
+dead) and /metrics (Prometheus, vLLM v1's names).
+What the door checks, before a request reaches the engine (OpenAI's error object naming the
+field): the content type and the JSON (errors.py), every field's type, range and neutrality
+(protocol.py, fields.py), the model name (404), the prompts (chat_prompt.py, completions.py:
+tokenizer, encodable text, vocabulary, max_model_len), and what LLMEngine.add_request refuses
+(n > max_num_seqs, a prompt larger than the KV pool). A refused request changes nothing; the
+others keep being served. A client that disconnects (streaming or not) aborts its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
-import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
-from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError
+from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, RequestAborted
+from jpaged.entrypoints.serve import tokenize
 from jpaged.entrypoints.serve.completions import ChatHandler, CompletionHandler
+from jpaged.entrypoints.serve.errors import RequestError, error_body, parse_body, validation_error
 from jpaged.entrypoints.serve.metrics import PrometheusObserver
-from jpaged.entrypoints.serve.protocol import ChatCompletionRequest, CompletionRequest, RequestError, pydantic_error
-from jpaged.entrypoints.serve.responses import error_body
+from jpaged.entrypoints.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from jpaged.entrypoints.serve.state import ServerState
 from jpaged.text.chat_template import ChatTemplateError
 
 log = logging.getLogger(__name__)
 
 
 def error_response(err: RequestError) -> JSONResponse:
+    """`err` as OpenAI's error object with its status."""
     return JSONResponse(error_body(err.message, err.param, err.kind, err.status), status_code=err.status)
 
 
@@ -59,46 +70,71 @@ async def with_cancellation(request: Request, work: Awaitable[Response]) -> Resp
     return None
 
 
-def build_app(engine: AsyncLLMEngine, model_name: str, metrics: PrometheusObserver | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` as `model_name`; `metrics` must observe the engine already."""
-    metrics = metrics or PrometheusObserver(model_name)
-    if metrics not in engine.engine.observers:
-        engine.engine.observers.append(metrics)
-    max_model_len = engine.engine.config.scheduler.max_model_len
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine.start()
-        try:
-            yield
-        finally:
-            engine.shutdown()
-
-    app = FastAPI(title="jpaged", lifespan=lifespan)
-    completions = CompletionHandler(engine, model_name)
-    chat = ChatHandler(engine, model_name)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(pydantic_error(exc.errors()))
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as OpenAI's error object, whatever raised it."""
 
     @app.exception_handler(RequestError)
     async def _refused(_: Request, exc: RequestError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)  # query or path parameters (bodies: parse_body)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())))
 
     @app.exception_handler(ChatTemplateError)
     async def _bad_messages(_: Request, exc: ChatTemplateError) -> JSONResponse:
         return error_response(RequestError(f"messages: {exc}", "messages"))
 
     @app.exception_handler(EngineDeadError)
-    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+    @app.exception_handler(RequestAborted)  # the server shut down before the answer was complete
+    async def _dead(_: Request, exc: RuntimeError) -> JSONResponse:
         return error_response(RequestError(str(exc), None, 503, "service_unavailable"))
+
+    @app.exception_handler(HTTPException)  # no such route (404), wrong method (405), ...
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(RequestError(f"{request.method} {request.url.path}: {exc.detail}", None,
+                                           exc.status_code, kind))
+
+    @app.exception_handler(Exception)  # a bug: the request fails alone, the server goes on
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(RequestError(f"internal error: {exc!r}", None, 500, "internal_server_error"))
+
+
+def build_app(engine: AsyncLLMEngine, model_name: str, state: ServerState | None = None,
+              metrics: PrometheusObserver | None = None, stream_interval: int = 1) -> FastAPI:
+    """The FastAPI app serving `engine` as `model_name`; `state` owns readiness and draining
+    (default: warm up at start, drain for 5 s)."""
+    state = state or ServerState(engine)
+    metrics = metrics or PrometheusObserver(model_name)
+    max_model_len = engine.engine.config.scheduler.max_model_len
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        state.bind(asyncio.get_running_loop())
+        warm = asyncio.create_task(state.start(lambda: metrics.attach(engine.engine)))
+        try:
+            yield
+        finally:
+            warm.cancel()
+            state.stop()
+
+    app = FastAPI(title="jpaged", lifespan=lifespan)
+    _install_error_handlers(app)
+    completions = CompletionHandler(engine, model_name, stream_interval)
+    chat = ChatHandler(engine, model_name, stream_interval)
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.is_dead:
-            return PlainTextResponse(f"engine dead: {engine.error}", status_code=503)
-        return Response(status_code=200)
+        if state.is_healthy:
+            return Response(status_code=200)
+        return PlainTextResponse(state.describe(), status_code=503)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": importlib.metadata.version("jpaged")}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -109,24 +145,45 @@ def build_app(engine: AsyncLLMEngine, model_name: str, metrics: PrometheusObserv
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
-    async def create_completion(body: CompletionRequest, raw: Request) -> Response:
-        return await _serve(raw, body, completions)
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
-        return await _serve(raw, body, chat)
-
-    async def _serve(raw: Request, body, handler) -> Response:
+    async def parsed(raw: Request, model):
+        body = parse_body(await raw.body(), raw.headers.get("content-type"), model)
         if body.model is not None and body.model != model_name:
             raise RequestError(f"model: the model {body.model!r} does not exist (this server has {model_name!r})",
                                "model", 404, "NotFoundError")
-        request_id = f"{handler.prefix}-{uuid.uuid4().hex}"
-        streams = await handler.start(request_id, body)  # raises RequestError: nothing was queued
+        return body
+
+    async def off_loop(work: Callable, *args) -> JSONResponse:
+        return JSONResponse(await asyncio.to_thread(work, *args))
+
+    @app.post("/tokenize")
+    async def tokenize_route(raw: Request) -> Response:
+        body = await parsed(raw, TokenizeRequest)
+        return await off_loop(tokenize.tokenize, engine.tokenizer, body, max_model_len)
+
+    @app.post("/detokenize")
+    async def detokenize_route(raw: Request) -> Response:
+        return await off_loop(tokenize.detokenize, engine.tokenizer, await parsed(raw, DetokenizeRequest))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> Response:
+        return JSONResponse(tokenize.tokenizer_info(engine.tokenizer))
+
+    @app.post("/v1/completions")
+    async def create_completion(raw: Request) -> Response:
+        return await _serve(raw, await parsed(raw, CompletionRequest), completions)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw: Request) -> Response:
+        return await _serve(raw, await parsed(raw, ChatCompletionRequest), chat)
+
+    async def _serve(raw: Request, body, handler) -> Response:
+        state.check_accepting()
+        request_id = handler.request_id(body)
+        prompts, streams = await handler.start(request_id, body)  # raises RequestError: nothing was queued
         if body.stream:
-            return StreamingResponse(handler.stream(request_id, body, streams), media_type="text/event-stream")
-        response = await with_cancellation(raw, handler.collect(request_id, body, streams))
+            return StreamingResponse(handler.stream(request_id, body, prompts, streams),
+                                     media_type="text/event-stream")
+        response = await with_cancellation(raw, handler.collect(request_id, body, prompts, streams))
         return response if response is not None else Response(status_code=499)
 
     return app
-

@@ -1,33 +1,58 @@
-"""The two generation routes: prompts checked and queued, then answered whole or as a stream.
+"""The two generation routes: prompts built and checked, queued, then answered whole or as a stream.
 
-`start` does every check that needs the model (tokenizer, vocabulary, max_model_len, max_num_seqs)
-and queues the request's prompts in the engine, or raises RequestError having queued nothing.
-`collect` waits for the final outputs and answers one JSON body; `stream` yields server-sent
-events as the engine moves (a chunk may carry several tokens when the client reads slowly),
-then the usage chunk if asked for and `[DONE]`. Closing a stream aborts its requests.
+`start` builds every prompt in a worker thread (tokenizing a megabyte of text takes seconds; the
+event loop keeps serving meanwhile), does every check that needs the model (vocabulary,
+max_model_len, max_num_seqs), and queues the prompts in the engine, or raises RequestError having
+queued nothing. `collect` waits for the final outputs and answers one JSON body; `stream` yields
+server-sent events as the engine moves (a chunk may carry several tokens when the client reads
+slowly), then the usage chunk if asked for and `[DONE]`. Closing a stream aborts its requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import JSONResponse
 
 from jpaged.core.outputs import CompletionOutput, RequestOutput
-from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError
-from jpaged.entrypoints.serve.protocol import ChatCompletionRequest, CompletionRequest, RequestError
+from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, RequestAborted
+from jpaged.entrypoints.serve.chat_prompt import chat_prompt
+from jpaged.entrypoints.serve.errors import RequestError, error_body
+from jpaged.entrypoints.serve.merge import merge_streams
+from jpaged.entrypoints.serve.protocol import ChatCompletionRequest, CompletionRequest
 from jpaged.entrypoints.serve.responses import (
     ResponseHeader,
     TokenStrings,
+    as_token_id,
     chat_logprobs,
     completion_logprobs,
-    error_body,
     sse,
     usage,
 )
-from jpaged.text.output_processor import prompt_ids
+from jpaged.text.tokenizer import check_encodable
+
+
+@dataclasses.dataclass
+class Prompt:
+    """One prompt of a request, ready for the engine."""
+
+    ids: list[int]
+    field: str  # the request field it came from ("prompt[2]", "messages")
+    text: str | None  # its text (a chat prompt's rendering), None for token ids
+
+
+@dataclasses.dataclass
+class _Choice:
+    """What a stream or a response has told the client about one choice so far."""
+
+    text_offset: int = 0  # legacy logprobs' text_offset of the next token
+    num_tokens: int = 0  # output tokens so far (continuous usage stats)
+    finished: bool = False  # its finish reason went out
+    prompt_sent: bool = False  # return_token_ids: the prompt's ids went out with the first chunk
 
 
 class _Handler:
@@ -37,70 +62,109 @@ class _Handler:
     object_name = ""
     chunk_name = ""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, stream_interval: int = 1):
         self.engine = engine
         self.model_name = model_name
+        self.stream_interval = stream_interval
         self.strings = TokenStrings(engine.tokenizer)
         config = engine.engine.config.scheduler
         self.max_model_len, self.max_num_seqs = config.max_model_len, config.max_num_seqs
         self.vocab_size = engine.engine.vocab_size
 
-    def prompts(self, body) -> list[tuple[list[int], str]]:
-        """(token ids, the field they came from) of each prompt of the request."""
+    def prompts(self, body) -> list[Prompt]:
+        """Every prompt of the request, encoded and checked (runs in a worker thread)."""
         raise NotImplementedError
 
-    async def start(self, request_id: str, body) -> list[AsyncIterator[RequestOutput]]:
-        """Checks and queues every prompt of `body` (engine ids `<request_id>-<i>`); their streams."""
+    def request_id(self, body) -> str:
+        """The response id: the request's own `request_id` (vLLM's field) or a fresh one."""
+        return f"{self.prefix}-{body.request_id or uuid.uuid4().hex}"
+
+    async def start(self, request_id: str, body) -> tuple[list[Prompt], list[AsyncIterator[RequestOutput]]]:
+        """Builds, checks and queues every prompt of `body` (engine ids `<request_id>-<i>`)."""
         if body.n > self.max_num_seqs:
             raise RequestError(f"n: {body.n} exceeds this server's max_num_seqs ({self.max_num_seqs})", "n")
-        prompts = self.prompts(body)  # every check that can fail before anything is queued
-        params = [body.sampling_params(self._max_tokens(body, ids, field), self._logprobs(body))
-                  for ids, field in prompts]
+        if body.use_beam_search and body.stream:
+            raise RequestError("use_beam_search: not supported with stream: true (beams are ranked at the end)",
+                               "use_beam_search")
+        prompts = await asyncio.to_thread(self._checked_prompts, body)  # off the event loop
+        params = [body.sampling_params(self._max_tokens(body, p), self._logprobs(body), self.stream_interval)
+                  for p in prompts]
         # All prompts go to the engine at once (each add waits for the engine thread's verdict).
-        results = await asyncio.gather(*(self.engine.add_request(f"{request_id}-{i}", ids, p)
-                                         for i, ((ids, _), p) in enumerate(zip(prompts, params))),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self.engine.add_request(f"{request_id}-{i}", p.ids, sp,
+                                                                 cache_salt=body.cache_salt)
+                                         for i, (p, sp) in enumerate(zip(prompts, params))), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for stream in results:
                 if not isinstance(stream, BaseException):
                     await stream.aclose()  # aborts it
-            if isinstance(errors[0], (ValueError, TypeError)):
-                raise RequestError(str(errors[0]), None) from None
+            if isinstance(errors[0], (ValueError, TypeError)) and not isinstance(errors[0], RequestError):
+                text = str(errors[0])  # the engine's door names its argument first ("request_id: ...")
+                raise RequestError(text, "request_id" if text.startswith("request_id:") else None) from None
             raise errors[0]
-        return list(results)
+        return prompts, list(results)
 
-    def _encode(self, prompt: str | list[int], field: str) -> list[int]:
-        try:
-            ids, _ = prompt_ids(prompt, self.engine.tokenizer, field)
-        except ValueError as exc:
-            raise RequestError(str(exc), field.split("[")[0]) from None
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in ids):
-            raise RequestError(f"{field}: token ids must be in [0, {self.vocab_size})", field.split("[")[0])
-        return ids
+    def _checked_prompts(self, body) -> list[Prompt]:
+        prompts = self.prompts(body)
+        for p in prompts:
+            param = p.field.split("[")[0]
+            if not p.ids:
+                raise RequestError(f"{p.field}: is empty", param)
+            if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in p.ids):
+                raise RequestError(f"{p.field}: token ids must be in [0, {self.vocab_size})", param)
+            p.ids = self._truncated(body, p.ids)
+        return prompts
 
-    def _max_tokens(self, body, ids: list[int], field: str) -> int:
-        room = self.max_model_len - len(ids)
-        param = field.split("[")[0]
+    def _truncated(self, body, ids: list[int]) -> list[int]:
+        """`ids` cut to `truncate_prompt_tokens` (vLLM's: -1 = max_model_len; left keeps the end)."""
+        keep = body.truncate_prompt_tokens
+        if keep is None:
+            return ids
+        if keep == 0 or keep > self.max_model_len:
+            raise RequestError(f"truncate_prompt_tokens: must be -1 or in [1, {self.max_model_len}] (max_model_len), "
+                               f"got {keep}", "truncate_prompt_tokens")
+        keep = self.max_model_len if keep == -1 else keep
+        if len(ids) <= keep:
+            return ids
+        return ids[:keep] if body.truncation_side == "right" else ids[-keep:]
+
+    def _max_tokens(self, body, prompt: Prompt) -> int:
+        room = self.max_model_len - len(prompt.ids)
+        param = prompt.field.split("[")[0]
         if room < 1:
-            raise RequestError(f"{param}: {len(ids)} prompt tokens leave no room to generate within this model's "
-                               f"maximum context length of {self.max_model_len} tokens", param)
+            raise RequestError(f"{param}: {len(prompt.ids)} prompt tokens leave no room to generate within this "
+                               f"model's maximum context length of {self.max_model_len} tokens", param)
         asked = body.requested_max_tokens if isinstance(body, ChatCompletionRequest) else body.max_tokens
         if asked is None:
             return room
         if asked > room:
-            raise RequestError(f"max_tokens: this model's maximum context length is {self.max_model_len} tokens; "
-                               f"you requested {len(ids) + asked} ({len(ids)} in the prompt, {asked} to generate)",
-                               "max_tokens")
+            name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+            raise RequestError(f"{name}: this model's maximum context length is {self.max_model_len} tokens; "
+                               f"you requested {len(prompt.ids) + asked} ({len(prompt.ids)} in the prompt, {asked} "
+                               "to generate)", name)
         return asked
 
     def _logprobs(self, body) -> int | None:
         raise NotImplementedError
 
-    def choice(self, index: int, c: CompletionOutput, body, state: dict) -> dict:
+    def token_strings(self, body) -> Callable[[int], str]:
+        """How logprobs spell a token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""
+        return as_token_id if body.return_tokens_as_token_ids else self.strings
+
+    def choice(self, index: int, c: CompletionOutput, body, state: _Choice, prompt: Prompt) -> dict:
+        """One choice of a response or a stream chunk (`state` is its progress so far)."""
         raise NotImplementedError
 
-    async def collect(self, request_id: str, body, streams: list[AsyncIterator[RequestOutput]]) -> JSONResponse:
+    def aborted_choice(self, index: int) -> dict:
+        """The last chunk of a choice ended by the server's shutdown."""
+        raise NotImplementedError
+
+    def extra_fields(self, body, prompts: list[Prompt], first: bool) -> dict:
+        """Fields beside the choices (a chat response's prompt ids and text); `first`: the first chunk."""
+        return {}
+
+    async def collect(self, request_id: str, body, prompts: list[Prompt],
+                      streams: list[AsyncIterator[RequestOutput]]) -> JSONResponse:
         """The whole answer as one JSON body."""
         finals: dict[int, RequestOutput] = {}
         async with contextlib.aclosing(merge_streams(streams)) as merged:
@@ -110,37 +174,51 @@ class _Handler:
         errors = [o.error for o in outs if o.error]
         if errors:
             raise RequestError(f"the engine ended the request: {errors[0]}", None)
-        choices, state = [], {}
-        for i, out in enumerate(outs):
-            choices += [self.choice(i * body.n + c.index, c, body, state) for c in out.outputs]
+        choices = [self.choice(i * body.n + c.index, c, body, _Choice(), prompts[i])
+                   for i, out in enumerate(outs) for c in out.outputs]
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         completion_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         header = ResponseHeader(request_id, self.object_name, self.model_name)
-        return JSONResponse(header(choices=choices, usage=usage(prompt_tokens, completion_tokens)))
+        return JSONResponse(header(choices=choices, usage=usage(prompt_tokens, completion_tokens),
+                                   **self.extra_fields(body, prompts, True)))
 
-    def first_chunks(self, header: ResponseHeader, body, num_prompts: int) -> list[str]:
+    def first_chunks(self, header: ResponseHeader, body, prompts: list[Prompt]) -> list[str]:
+        """Chunks a stream opens with, before the engine's first output."""
         return []
 
-    async def stream(self, request_id: str, body, streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+    async def stream(self, request_id: str, body, prompts: list[Prompt],
+                     streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
         """Server-sent events: chunks as the engine moves, usage (if asked), then [DONE]."""
         header = ResponseHeader(request_id, self.chunk_name, self.model_name)
+        options = body.stream_options
+        include_usage = options is not None and bool(options.include_usage)
+        continuous = include_usage and bool(options.continuous_usage_stats)
         prompt_tokens = completion_tokens = 0
-        state: dict = {}
+        states: dict[int, _Choice] = {}
         try:
             async with contextlib.aclosing(merge_streams(streams)) as merged:
-                for chunk in self.first_chunks(header, body, len(streams)):
+                for chunk in self.first_chunks(header, body, prompts):
                     yield chunk
                 async for i, out in merged:
-                    choices = [self.choice(i * body.n + c.index, c, body, state) for c in out.outputs]
+                    chosen = [(i * body.n + c.index, c) for c in out.outputs]
+                    choices = [self.choice(k, c, body, states.setdefault(k, _Choice()), prompts[i]) for k, c in chosen]
                     completion_tokens += sum(len(c.token_ids) for c in out.outputs)
                     if choices:
-                        yield header.chunk(choices)
+                        extra = {}
+                        if continuous:  # vLLM's: this prompt and these choices' tokens so far
+                            extra["usage"] = usage(len(prompts[i].ids), sum(states[k].num_tokens for k, _ in chosen))
+                        yield header.chunk(choices, extra)
                     if out.error:
                         yield sse(error_body(f"the engine ended the request: {out.error}", None))
                     if out.finished:
                         prompt_tokens += len(out.prompt_token_ids)
-            if body.stream_options is not None and body.stream_options.include_usage:
+            if include_usage:
                 yield sse(header(choices=[], usage=usage(prompt_tokens, completion_tokens)))
+        except RequestAborted:  # the server shuts down: every open choice ends with finish reason "abort"
+            ended = [self.aborted_choice(k) for k in range(len(prompts) * body.n)
+                     if not states.setdefault(k, _Choice()).finished]
+            if ended:
+                yield header.chunk(ended)
         except EngineDeadError as exc:
             yield sse(error_body(str(exc), None, "service_unavailable", 503))
         yield sse("[DONE]")
@@ -151,20 +229,45 @@ class CompletionHandler(_Handler):
 
     prefix, object_name, chunk_name = "cmpl", "text_completion", "text_completion"
 
-    def prompts(self, body: CompletionRequest) -> list[tuple[list[int], str]]:
-        prompts = body.prompts()
-        fields = ["prompt"] if len(prompts) == 1 else [f"prompt[{i}]" for i in range(len(prompts))]
-        return [(self._encode(p, f), f) for p, f in zip(prompts, fields)]
+    def prompts(self, body: CompletionRequest) -> list[Prompt]:
+        given = body.prompts()
+        texts = [(p, field) for p, field in given if isinstance(p, str)]
+        if texts and self.engine.tokenizer is None:
+            raise RequestError(f"{texts[0][1]}: text prompts need a tokenizer (this model has none: send token ids)",
+                               "prompt")
+        for text, field in texts:
+            if not text:
+                raise RequestError(f"{field}: is empty", "prompt")
+            try:
+                check_encodable(text, field)
+            except ValueError as exc:
+                raise RequestError(str(exc), field) from None
+        # encode_batch: the Rust side encodes the texts in parallel, without the GIL.
+        encoded = iter(self.engine.tokenizer.encode_batch([t for t, _ in texts], body.add_special_tokens)
+                       if texts else [])
+        return [Prompt(next(encoded), field, p) if isinstance(p, str) else Prompt(list(p), field, None)
+                for p, field in given]
 
     def _logprobs(self, body: CompletionRequest) -> int | None:
         return body.logprobs
 
-    def choice(self, index: int, c: CompletionOutput, body: CompletionRequest, state: dict) -> dict:
+    def aborted_choice(self, index: int) -> dict:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": "abort", "stop_reason": None}
+
+    def choice(self, index: int, c: CompletionOutput, body: CompletionRequest, state: _Choice, prompt: Prompt) -> dict:
         logprobs = None
         if body.logprobs is not None:
-            logprobs, state[index] = completion_logprobs(self.strings, c, state.get(index, 0))
-        return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason}
+            logprobs, state.text_offset = completion_logprobs(self.token_strings(body), c, state.text_offset)
+        state.num_tokens += len(c.token_ids)
+        state.finished = c.finish_reason is not None
+        choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                  "stop_reason": c.stop_reason}
+        if body.return_token_ids:
+            choice["token_ids"] = list(c.token_ids)
+            if not state.prompt_sent:  # streams send the prompt's ids with a choice's first chunk only
+                choice["prompt_token_ids"] = prompt.ids
+                state.prompt_sent = True
+        return choice
 
 
 class ChatHandler(_Handler):
@@ -172,62 +275,42 @@ class ChatHandler(_Handler):
 
     prefix, object_name, chunk_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
-    def prompts(self, body: ChatCompletionRequest) -> list[tuple[list[int], str]]:
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None:
-            raise RequestError("messages: this model has no tokenizer (and no chat template)", "messages")
-        ids = tokenizer.apply_chat_template(body.message_dicts(), add_generation_prompt=body.add_generation_prompt,
-                                            tokenize=True)
-        return [(ids, "messages")]
+    def prompts(self, body: ChatCompletionRequest) -> list[Prompt]:
+        ids, text = chat_prompt(self.engine.tokenizer, body)
+        return [Prompt(ids, "messages", text)]
 
     def _logprobs(self, body: ChatCompletionRequest) -> int | None:
         return body.num_logprobs
 
-    def choice(self, index: int, c: CompletionOutput, body: ChatCompletionRequest, state: dict) -> dict:
-        logprobs = chat_logprobs(self.strings, c, body.top_logprobs or 0) if body.logprobs else None
+    def aborted_choice(self, index: int) -> dict:
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort", "stop_reason": None}
+
+    def choice(self, index: int, c: CompletionOutput, body: ChatCompletionRequest, state: _Choice,
+               prompt: Prompt) -> dict:
+        logprobs = chat_logprobs(self.token_strings(body), c, body.top_logprobs or 0) if body.logprobs else None
+        state.num_tokens += len(c.token_ids)
+        state.finished = c.finish_reason is not None
         message = {"role": "assistant", "content": c.text}
         key = "delta" if body.stream else "message"
         if body.stream:
             message = {"content": c.text} if c.text or c.finish_reason is None else {}
-        return {"index": index, key: message, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason}
+        choice = {"index": index, key: message, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                  "stop_reason": c.stop_reason}
+        if body.return_token_ids:
+            choice["token_ids"] = list(c.token_ids)
+        return choice
 
-    def first_chunks(self, header: ResponseHeader, body: ChatCompletionRequest, num_prompts: int) -> list[str]:
-        """Each choice opens with the assistant's role, as OpenAI's streams do."""
+    def extra_fields(self, body: ChatCompletionRequest, prompts: list[Prompt], first: bool) -> dict:
+        extra = {}
+        if first and body.return_token_ids:
+            extra["prompt_token_ids"] = prompts[0].ids
+        if first and body.return_prompt_text:
+            extra["prompt_text"] = prompts[0].text
+        return extra
+
+    def first_chunks(self, header: ResponseHeader, body: ChatCompletionRequest, prompts: list[Prompt]) -> list[str]:
+        """Each choice opens with the assistant's role, as OpenAI's streams do (the first also
+        carries the prompt's ids and text when asked for)."""
         return [header.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                               "finish_reason": None}]) for i in range(num_prompts * body.n)]
-
-
-def merge_streams(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(stream index, output) from several request streams as they come; closing it closes them all."""
-    if len(streams) == 1:
-        return _tagged(streams[0])
-    return _merged(streams)
-
-
-async def _tagged(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    try:
-        async for output in stream:
-            yield 0, output
-    finally:
-        await stream.aclose()
-
-
-async def _merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                i = pending.pop(task)
-                try:
-                    output = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(streams[i]))] = i
-                yield i, output
-    finally:
-        for task in pending:
-            task.cancel()
-        for stream in streams:
-            await stream.aclose()
+                               "finish_reason": None}], self.extra_fields(body, prompts, i == 0))
+                for i in range(len(prompts) * body.n)]

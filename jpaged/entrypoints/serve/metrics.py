@@ -1,19 +1,21 @@
-"""Prometheus metrics of a served engine, under vLLM's names, fed by an EngineObserver.
+"""Prometheus metrics of a served engine under vLLM v1's names, fed by an EngineObserver.
 
 The observer runs on the engine's thread after each step (prometheus_client's metrics are
-thread-safe; /metrics reads them from the event loop). Names and labels as vLLM's (v0, the paper's
-engine, which also has the swapped queue), every metric labelled `model_name`:
+thread-safe; /metrics reads them from the event loop). Names, meanings and histogram buckets are
+vLLM v1's (vllm/v1/metrics/loggers.py and buckets.py), labelled `model_name` and `engine` ("0"):
 
-- gauges `vllm:num_requests_running | waiting | swapped`, `vllm:gpu_cache_usage_perc` (device
-  KV blocks in use, 0-1; "gpu" is vLLM's name for the device pool), `vllm:cpu_cache_usage_perc`
-  (host swap blocks), `vllm:gpu_prefix_cache_hit_rate` (prompt tokens served from the prefix
-  cache / prompt tokens admitted);
-- counters `vllm:num_preemptions_total`, `vllm:prompt_tokens_total` (a request's prompt, counted
-  when its first token is sampled), `vllm:generation_tokens_total` (every sampled token),
-  `vllm:request_success_total{finished_reason}` (every finished request: stop, length, abort);
-- histograms `vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds` (per
-  request: (finish - first token) / (output tokens - 1), vLLM v1's request-level TPOT),
-  `vllm:e2e_request_latency_seconds`.
+- gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
+  (device KV blocks in use, 0-1); jpaged also swaps, which v1 does not: `vllm:num_requests_swapped`
+  and `vllm:cpu_cache_usage_perc` (host swap blocks) keep vLLM v0's names;
+- counters `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits`, in tokens, as vLLM counts
+  them: a new request queries its whole prompt when admitted and hits what the prefix cache served
+  (a recomputed request's re-admission is not counted, as vLLM counts it apart; both stay 0 without
+  prefix caching); `vllm:num_preemptions` (preempted requests), `vllm:prompt_tokens` (a request's
+  prompt, counted at its first token), `vllm:generation_tokens` (every sampled token),
+  `vllm:request_success{finished_reason}` (stop, length, abort, error);
+- histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` (per request,
+  between the steps that gave it tokens), `vllm:request_time_per_output_token_seconds` (per request:
+  (finish - first token) / (output tokens - 1)), `vllm:e2e_request_latency_seconds`.
 Times are the executor's clock (wall time for the real model), from the request's arrival.
 """
 
@@ -29,10 +31,14 @@ from jpaged.core.sequence import SequenceGroup
 from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
 
-# vLLM's buckets (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-E2E_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+# vLLM v1's buckets (seconds), vllm/v1/metrics/buckets.py.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 class PrometheusObserver(EngineObserver):
@@ -41,51 +47,81 @@ class PrometheusObserver(EngineObserver):
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
         prometheus_client.disable_created_metrics()  # no *_created samples (vLLM turns them off too)
         self.registry = registry or CollectorRegistry()
-        labels = {"labelnames": ["model_name"], "registry": self.registry}
+        names = ["model_name", "engine"]
+        values = (model_name, "0")
 
-        def gauge(name, doc):
-            return Gauge(name, doc, **labels).labels(model_name)
+        def make(kind, name, doc, **kw):
+            return kind(name, doc, labelnames=names, registry=self.registry, **kw).labels(*values)
 
-        def counter(name, doc):
-            return Counter(name, doc, **labels).labels(model_name)
+        self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.swapped = make(Gauge, "vllm:num_requests_swapped", "Number of requests swapped out to host memory.")
+        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.cpu_cache = make(Gauge, "vllm:cpu_cache_usage_perc", "Host swap-space usage. 1 means 100 percent usage.")
+        self.prefix_queries = make(Counter, "vllm:prefix_cache_queries",
+                                   "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = make(Counter, "vllm:prefix_cache_hits",
+                                "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          labelnames=[*names, "finished_reason"], registry=self.registry)
+        self.success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         buckets=TTFT_BUCKETS)
+        self.itl = make(Histogram, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        buckets=ITL_BUCKETS)
+        self.tpot = make(Histogram, "vllm:request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", buckets=ITL_BUCKETS)
+        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        buckets=REQUEST_LATENCY_BUCKETS)
+        self._last_token: dict[str, float] = {}  # request id -> when its last token came (ITL)
+        self._cached_tokens = 0  # the scheduler's prefix-hit count when last read
 
-        def histogram(name, doc, buckets):
-            return Histogram(name, doc, buckets=buckets, **labels).labels(model_name)
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests running (holding device blocks).")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be admitted.")
-        self.swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped out to host memory.")
-        self.gpu_cache = gauge("vllm:gpu_cache_usage_perc", "Device KV-cache usage. 1 means 100 percent usage.")
-        self.cpu_cache = gauge("vllm:cpu_cache_usage_perc", "Host swap-space usage. 1 means 100 percent usage.")
-        self.prefix_hit_rate = gauge("vllm:gpu_prefix_cache_hit_rate",
-                                     "Prompt tokens served from the prefix cache / prompt tokens admitted.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self._success = Counter("vllm:request_success", "Count of finished requests by finish reason.",
-                                labelnames=["model_name", "finished_reason"], registry=self.registry)
-        self.model_name = model_name
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS)
-        self.tpot = histogram("vllm:time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds (per request).", TPOT_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-                             E2E_BUCKETS)
+    def attach(self, engine: LLMEngine) -> None:
+        """Starts observing `engine` (from now on: what it served before is not counted)."""
+        self._cached_tokens = engine.scheduler.admission.num_cached_tokens
+        engine.observers.append(self)
 
     def on_step_executed(self, engine: LLMEngine, out: SchedulerOutput, result: ModelOutput, start: float,
                          end: float) -> None:
         self.generation_tokens.inc(len(result.token_ids))
         if out.num_preempted:
             self.preemptions.inc(out.num_preempted)
+        self._count_prefix_cache(engine, out)
         rows = out.plan.sampling
-        if rows is not None:
-            for group in rows.first_token_groups:
-                self.prompt_tokens.inc(group.prompt_len)
-                self.ttft.observe(max(end - group.arrival_time, 0.0))
+        if rows is None:
+            return
+        first = {id(g) for g in rows.first_token_groups}
+        for group in rows.first_token_groups:
+            self.prompt_tokens.inc(group.prompt_len)
+            self.ttft.observe(max(end - group.arrival_time, 0.0))
+        for group in {id(s.group): s.group for s in rows.seqs}.values():  # one observation per request
+            last = self._last_token.get(group.request_id)
+            if last is not None and id(group) not in first:
+                self.itl.observe(max(end - last, 0.0))
+            self._last_token[group.request_id] = end
+
+    def _count_prefix_cache(self, engine: LLMEngine, out: SchedulerOutput) -> None:
+        """Prefix-cache queries and hits of the requests admitted for the first time this step."""
+        cached = engine.scheduler.admission.num_cached_tokens
+        hits, self._cached_tokens = cached - self._cached_tokens, cached
+        if not engine.scheduler.prefix_caching or not out.admitted:
+            return
+        # The scheduler counts hits for the whole step; a step that also re-admits a recomputed
+        # request (first scheduled earlier) cannot split them, so it is left out (rare: it needs
+        # recompute preemption), rather than counting that request's own blocks as hits.
+        if any(g.first_scheduled_time is not None for g in out.admitted):
+            return
+        self.prefix_queries.inc(sum(g.prompt_len for g in out.admitted))
+        self.prefix_hits.inc(hits)
 
     def on_request_finished(self, engine: LLMEngine, group: SequenceGroup, output: RequestOutput) -> None:
-        reason = next((c.finish_reason for c in output.outputs if c.finish_reason), "abort")
-        self._success.labels(self.model_name, reason).inc()
+        self._last_token.pop(group.request_id, None)
+        reason = "error" if output.error else next((c.finish_reason for c in output.outputs if c.finish_reason),
+                                                   "abort")
+        self.success[reason if reason in self.success else "abort"].inc()
         if group.finish_time is None:
             return
         self.e2e.observe(max(group.finish_time - group.arrival_time, 0.0))
@@ -99,8 +135,6 @@ class PrometheusObserver(EngineObserver):
         self.running.set(len(scheduler.running))
         self.waiting.set(len(scheduler.waiting))
         self.swapped.set(len(scheduler.swapped))
-        self.gpu_cache.set(usage(bm))
+        self.kv_usage.set(usage(bm))
         swap = bm.swap
         self.cpu_cache.set(1.0 - swap.num_free_blocks / swap.num_blocks if swap is not None and swap.num_blocks else 0.0)
-        admission = scheduler.admission
-        self.prefix_hit_rate.set(admission.num_cached_tokens / max(admission.num_prompt_tokens, 1))

@@ -1,11 +1,11 @@
-"""The OpenAI request bodies the server accepts, validated at the door, and their SamplingParams.
+"""What /v1/completions and /v1/chat/completions accept: every field of OpenAI's and vLLM's requests.
 
-Pydantic checks every field's type and range; a field the server does not know is an error
-(OpenAI answers "Unrecognized request argument"), and a known OpenAI field that jpaged does not
-implement is accepted only at its neutral value (presence_penalty 0, echo false, ...), so no
-request is silently served differently from what it asked. vLLM's extensions that map onto
-SamplingParams are accepted too (top_k, ignore_eos, stop_token_ids, include_stop_str_in_output,
-skip_special_tokens). Every error names its field: the server answers 400 with it as `param`.
+Models validate strictly (a bool is never a number, a number never a string) and forbid unknown
+fields (OpenAI's "unrecognized request argument"). A field is honoured (mapped onto SamplingParams
+or the prompt), accepted without effect where that is what it means here (`user`, `metadata`), or
+accepted only at its neutral value (`fields.NEUTRAL_ONLY`, `fields.CONTROLS`). Ranges are
+OpenAI's or vLLM's; the engine's door checks the rest (n against max_num_seqs, prompt length).
+Every error names its field: the server answers 400 with it as `param`.
 """
 
 from __future__ import annotations
@@ -15,123 +15,218 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jpaged.core.sequence import MAX_LOGPROBS, SamplingParams
+from jpaged.entrypoints.serve.errors import RequestError
+from jpaged.entrypoints.serve.fields import check_neutral, sampling_controls
 
-
-class RequestError(ValueError):
-    """A request the server refuses (400), with the OpenAI field at fault (or None)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
+_STRICT = ConfigDict(extra="forbid", strict=True)
+TokenIds = list[int]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    include_usage: bool = False  # a last chunk with the request's usage (choices empty)
+    include_usage: bool | None = False  # a last chunk with the request's usage (choices empty)
+    continuous_usage_stats: bool | None = False  # vLLM: usage so far in every chunk
+    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none is sent
 
 
-class _SamplingRequest(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class _Request(BaseModel):
+    """Fields both generation routes share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=256)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)  # None: 1.0, as OpenAI
+    n: int = Field(1, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # None: 1.0 (OpenAI's default), 0 for beams
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**32)
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted, unused
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented: only 0")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented: only 0")
-    logit_bias: dict[str, float] | None = Field(None, max_length=0, description="not implemented")
-    # vLLM's extensions
-    top_k: int = Field(0, ge=-1)  # 0 or -1: all tokens
+    user: str | None = None  # accepted, unused (an end-user id for the provider's abuse checks)
+    # The sampling controls (fields.CONTROLS): checked here for type and range, honoured once
+    # SamplingParams has them (fields.NOT_YET).
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(0, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    allowed_token_ids: TokenIds | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    # vLLM's extensions, honoured
+    top_k: int | None = Field(None, ge=-1)  # 0 or -1: all tokens
     ignore_eos: bool = False
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: TokenIds | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep this many prompt tokens (-1: max_model_len)
+    truncation_side: Literal["left", "right"] | None = None  # which end truncation cuts (default left: keep the end)
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)  # prefix-cache namespace
+    request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
+    return_tokens_as_token_ids: bool | None = None  # logprobs tokens as "token_id:<id>"
+    return_token_ids: bool | None = None  # choices carry token_ids, and the prompt's
+    # vLLM's extensions accepted without effect, as vLLM's generation routes
+    session_id: str | None = None  # a router's affinity key
+    return_token_offsets: bool | None = False  # render endpoints only
+    mm_payload: Literal["tensors", "none"] = "tensors"  # render endpoints only
+    return_mm_kwargs: bool | None = None  # render endpoints only
+    stream_interval: int | None = Field(None, ge=1)  # below the server's --stream-interval: the server's
+    # Neutral only (fields.NEUTRAL_ONLY)
+    prompt_logprobs: int | None = None
+    logprob_token_ids: TokenIds | None = None
+    spaces_between_special_tokens: bool = True
+    priority: int = 0
+    watermarking: bool | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    repetition_detection: dict[str, Any] | None = None
+    thinking_token_budget: int | None = None
+    routed_experts_prompt_start: int = Field(0, ge=0)
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _SamplingRequest:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options: only allowed with stream: true")
+    def _check_shared(self) -> _Request:
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            raise RequestError("stream_options: only allowed with stream: true", "stream_options")
         if isinstance(self.stop, list) and not all(self.stop):
-            raise ValueError("stop: stop strings must be non-empty")
+            raise RequestError("stop: stop strings must be non-empty", "stop")
+        for key in self.logit_bias or {}:
+            if not key.isdigit():
+                raise RequestError(f"logit_bias: keys must be token ids as strings, got {key!r}", "logit_bias")
+        if any(not -100.0 <= b <= 100.0 for b in (self.logit_bias or {}).values()):
+            raise RequestError("logit_bias: biases must be in [-100, 100]", "logit_bias")
+        check_neutral(self)
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams (output_kind "delta" when streamed)."""
+    def sampling_params(self, max_tokens: int, logprobs: int | None, stream_interval: int) -> SamplingParams:
+        """The engine's SamplingParams (output_kind "delta" when streamed); `stream_interval` is the
+        server's, which a request may not raise yet."""
+        if self.stream_interval is not None and self.stream_interval > stream_interval:
+            raise RequestError(f"stream_interval: a per-request interval above the server's ({stream_interval}) "
+                               "is not supported yet", "stream_interval")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
         try:
             return SamplingParams(
-                n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k, 0),
-                max_tokens=max_tokens, seed=self.seed, stop=tuple(stop), stop_token_ids=tuple(self.stop_token_ids),
-                ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
+                n=self.n, temperature=temperature, top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=max(self.top_k or 0, 0), max_tokens=max_tokens, seed=self.seed, stop=tuple(stop),
+                stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+                include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, logprobs=logprobs,
-                output_kind="delta" if self.stream else "final")
-        except ValueError as exc:  # SamplingParams names its field first ("top_p must be ...")
-            name = str(exc).split(" ", 1)[0].split(":", 1)[0]
-            raise RequestError(str(exc), name if name in type(self).model_fields else None) from None
+                use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
+                output_kind="delta" if self.stream else "final", **sampling_controls(self))
+        except (TypeError, ValueError) as exc:  # SamplingParams names its field: "SamplingParams.top_p: ..."
+            if isinstance(exc, RequestError):
+                raise
+            text = str(exc).removeprefix("SamplingParams.")
+            name = text.split(" ", 1)[0].split(":", 1)[0]
+            raise RequestError(text, name if name in type(self).model_fields else None) from None
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(_Request):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(16, ge=1)  # None: what max_model_len leaves
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = Field(False, description="not implemented: only false")
-    suffix: str | None = Field(None, max_length=0, description="not implemented")
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1)  # a sampling control (fields.CONTROLS)
+    add_special_tokens: bool = True  # text prompts get what the tokenizer adds (BOS, usually)
+    # Neutral only (fields.NEUTRAL_ONLY)
+    echo: bool | None = False
+    suffix: str | None = None
+    prompt_embeds: Any = None
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo: not supported (only false)")
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of: only best_of == n is supported")
         if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt: must not be empty")
+            raise RequestError("prompt: must not be empty", "prompt")
+        if self.best_of is not None and self.best_of < self.n:
+            raise RequestError(f"best_of: must be >= n ({self.n}), got {self.best_of}", "best_of")
         return self
 
-    def prompts(self) -> list[str | list[int]]:
-        """The request's prompts: a string, a list of strings, token ids, or a list of token id lists."""
+    def prompts(self) -> list[tuple[str | list[int], str]]:
+        """(prompt, its field name) of each prompt: one string or id list, or a list of them."""
         p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        return list(p)
+        if isinstance(p, str) or isinstance(p[0], int):
+            return [(p, "prompt")]
+        return [(one, f"prompt[{i}]") for i, one in enumerate(p)]
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: passed to the chat template
+    """A chat message; fields beyond role and content (name, tool_calls, ...) go to the template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: str
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(_Request):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # None: what max_model_len leaves
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    add_generation_prompt: bool = True  # vLLM's extension: open the assistant's turn
-    tool_choice: Literal["none"] | None = None  # tools are not implemented
+    # Rendering the prompt (vLLM's extensions, honoured; see chat_prompt.py)
+    add_generation_prompt: bool = True  # open the assistant's turn
+    continue_final_message: bool = False  # leave the last message open: the model continues it
+    add_special_tokens: bool = False  # what the tokenizer adds, on top of what the template writes
+    documents: list[dict[str, str]] | None = None  # the template's `documents` (retrieval)
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None  # a template variable
+    return_prompt_text: bool | None = None  # the response carries the rendered prompt
+    tools: list[dict[str, Any]] | None = None  # the template's `tools`, with tool_choice "none" only
+    tool_choice: str | dict[str, Any] | None = None
+    # Accepted without effect
+    parallel_tool_calls: bool | None = True  # no tool calls are made
+    include_reasoning: bool = True  # no reasoning parser: nothing is split out
+    metadata: dict[str, str] | None = None  # tags for stored completions; nothing is stored
+    prompt_cache_key: str | None = None  # a routing hint for OpenAI's cache; the prefix cache matches by content
+    safety_identifier: str | None = None  # like user
+    # Neutral only (fields.NEUTRAL_ONLY)
+    echo: bool = False  # vLLM's chat echo (prepend the last message)
+    chat_template: str | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    verbosity: str | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs: needs logprobs: true")
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs: needs logprobs: true", "top_logprobs")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise ValueError("max_completion_tokens: give max_tokens or max_completion_tokens, not both")
+            raise RequestError("max_completion_tokens: give max_tokens or max_completion_tokens, not both",
+                               "max_completion_tokens")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise RequestError("continue_final_message: cannot be combined with add_generation_prompt: true "
+                               "(set it to false)", "continue_final_message")
+        if self.tools == []:
+            raise RequestError("tools: must not be an empty list (leave it out)", "tools")
+        if self.tool_choice is not None and self.tool_choice != "none":
+            raise RequestError("tool_choice: tool calls are not supported (no tool-call parser): only 'none'",
+                               "tool_choice")
+        if self.tools is not None and self.tool_choice is None:
+            raise RequestError("tool_choice: with tools, OpenAI's default is 'auto', and tool calls are not "
+                               "supported: send tool_choice 'none' (the tools still reach the chat template)",
+                               "tool_choice")
         return self
 
     @property
@@ -141,33 +236,43 @@ class ChatCompletionRequest(_SamplingRequest):
 
     @property
     def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens, or the older max_tokens."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def message_dicts(self) -> list[dict[str, Any]]:
-        """The messages as the chat template sees them (unset fields left out)."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's shape): a prompt, or chat messages rendered by the template."""
+
+    model_config = _STRICT
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (as vLLM)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False  # also the vocabulary entries of the ids
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_template: str | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise RequestError("prompt: give a prompt or messages (one of them)", "prompt")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise RequestError("continue_final_message: cannot be combined with add_generation_prompt: true",
+                               "continue_final_message")
+        check_neutral(self)
+        return self
 
 
-def pydantic_error(errors: list[dict[str, Any]]) -> RequestError:
-    """The first pydantic validation error as a RequestError naming its field ("messages[0].role")."""
-    first = errors[0]
-    loc = [part for part in first.get("loc", ()) if part != "body"]
-    param = ""
-    for part in loc:
-        param += f"[{part}]" if isinstance(part, int) else (f".{part}" if param else str(part))
-    message = first.get("msg", "invalid value")
-    if first.get("type") == "json_invalid":
-        return RequestError(f"the request body is not valid JSON: {message}", None)
-    if first.get("type") == "extra_forbidden":
-        return RequestError(f"{param}: unrecognized request argument", param or None)
-    if first.get("type") == "missing":
-        return RequestError(f"{param}: field required", param or None)
-    shown = repr(first.get("input"))
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    text = message.removeprefix("Value error, ")
-    if not param and ":" in text:  # a model validator's error: "<field>: why"
-        head = text.split(":", 1)[0]
-        param = head if head.isidentifier() else ""
-    elif param:
-        text = f"{param}: {text} (got {shown})"
-    return RequestError(text, param or None)
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's shape)."""
+
+    model_config = _STRICT
+
+    model: str | None = None
+    tokens: TokenIds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from jpaged.core.outputs import CompletionOutput
 from jpaged.text.tokenizer import Tokenizer
@@ -30,7 +31,7 @@ class TokenStrings:
         return text
 
 
-def completion_logprobs(strings: TokenStrings, c: CompletionOutput, offset: int) -> tuple[dict | None, int]:
+def completion_logprobs(strings: Callable[[int], str], c: CompletionOutput, offset: int) -> tuple[dict | None, int]:
     """The legacy completions `logprobs` object of `c`'s tokens, text offsets starting at `offset`."""
     if c.logprobs is None:
         return None, offset
@@ -45,7 +46,7 @@ def completion_logprobs(strings: TokenStrings, c: CompletionOutput, offset: int)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}, offset
 
 
-def chat_logprobs(strings: TokenStrings, c: CompletionOutput, num_top: int) -> dict | None:
+def chat_logprobs(strings: Callable[[int], str], c: CompletionOutput, num_top: int) -> dict | None:
     """The chat `logprobs` object ({"content": [{token, logprob, bytes, top_logprobs}]}) of `c`'s tokens."""
     if c.logprobs is None:
         return None
@@ -59,15 +60,16 @@ def chat_logprobs(strings: TokenStrings, c: CompletionOutput, num_top: int) -> d
     return {"content": content}
 
 
+def as_token_id(token_id: int) -> str:
+    """A token spelled by its id (vLLM's return_tokens_as_token_ids): any token, even a partial
+    character, round-trips through JSON."""
+    return f"token_id:{token_id}"
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     """The `usage` object."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
-
-
-def error_body(message: str, param: str | None, kind: str = "invalid_request_error", code: int = 400) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def sse(payload: dict | str) -> str:
@@ -85,9 +87,10 @@ class ResponseHeader:
     def __call__(self, **rest) -> dict:
         return {**self.fields, **rest}
 
-    def chunk(self, choices: list[dict]) -> str:
-        """A stream chunk's event: the header fields and `choices` (the hot path of a stream)."""
-        return f"{self._chunk_prefix}{_dumps(choices)}}}\n\n"
+    def chunk(self, choices: list[dict], extra: dict | None = None) -> str:
+        """A stream chunk's event: the header fields, `choices` and `extra` fields (the hot path of a stream)."""
+        rest = "".join(f",{_dumps(k)}:{_dumps(v)}" for k, v in extra.items()) if extra else ""
+        return f"{self._chunk_prefix}{_dumps(choices)}{rest}}}\n\n"
 
 
 def _dumps(value) -> str:

@@ -1,7 +1,11 @@
-"""`jpaged serve`: build the engine, warm it up, serve it with uvicorn until SIGINT / SIGTERM.
+"""`jpaged serve`: build the engine, serve it with uvicorn, warm up, drain on SIGINT / SIGTERM.
 
-Shutdown (SIGINT or SIGTERM) is uvicorn's graceful one: it stops accepting connections, lets
-open requests finish, then the app's lifespan stops the engine's step loop; the process exits 0.
+The server listens at once; /health answers 503 until the warm-up (compiling the smallest prefill
+and decode steps, through the engine's own step loop) is done. Shutdown (SIGINT or SIGTERM):
+uvicorn stops accepting connections, open requests get `--shutdown-timeout` seconds to finish,
+then the rest are aborted (their streams end with finish reason "abort", their blocks are freed);
+a client that holds a stream open without reading is cut off a moment later; the engine's step
+loop stops and the process exits 0.
 """
 
 from __future__ import annotations
@@ -10,29 +14,42 @@ import argparse
 import logging
 import signal
 import sys
+from types import FrameType
 
 import uvicorn
 
-from jpaged.core.sequence import SamplingParams
-from jpaged.engine import LLMEngine
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.api_server import build_app
+from jpaged.entrypoints.serve.state import ServerState
 
 log = logging.getLogger(__name__)
 
 # `jpaged serve` flags that are engine arguments (jpaged.entrypoints.engine_args), by their argparse dest.
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "num_host_blocks", "max_num_seqs",
                 "max_num_batched_tokens", "enable_prefix_caching", "policy", "preemption_mode", "attention_backend")
+# After the drain's deadline, aborted streams get this long to send their last chunk before uvicorn
+# cancels what is still writing (a client that never reads).
+ABORT_GRACE_S = 2.0
 
 
-def warm_up(engine: LLMEngine) -> None:
-    """Compiles the smallest prefill and decode steps before the first client waits for them."""
-    engine.generate([[1] * 8], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app's state to drain when a stop signal comes."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.state.begin_drain()
+        super().handle_exit(sig, frame)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serves until interrupted; 0 on a clean shutdown, 2 when the model or config is refused."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if not args.shutdown_timeout >= 0:
+        print(f"jpaged serve: --shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}", file=sys.stderr)
+        return 2
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     try:
         engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
@@ -40,19 +57,20 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
-    if not args.no_warmup:
-        warm_up(engine.engine)
     name = args.served_model_name or args.model
-    app = build_app(engine, name)
+    state = ServerState(engine, warm_up=not args.no_warmup, shutdown_timeout=args.shutdown_timeout)
+    app = build_app(engine, name, state, stream_interval=args.stream_interval)
     log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,
              args.host, args.port)
-    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal: these handlers
-    # (restored by uvicorn before it re-raises) turn that into a normal exit with status 0.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                            access_log=not args.disable_access_log,
+                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S)
+    # uvicorn re-raises the stop signal once its graceful shutdown is done: these handlers (restored
+    # by uvicorn before it re-raises) turn that into a normal exit with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopped)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    access_log=not args.disable_access_log)
+        _Server(config, state).run()
     except _Stopped:
         pass
     return 0

@@ -1,0 +1,111 @@
+"""The server's life as one state it owns: starting (warming up), ready, draining, stopped.
+
+/health answers 200 only when ready (and the engine's step loop is alive), 503 with the state
+otherwise; generation routes refuse with 503 unless ready. On SIGTERM or SIGINT the server drains:
+it stops taking requests, lets open ones finish for at most `shutdown_timeout` seconds, then
+aborts what remains (each stream ends with finish reason "abort"; its blocks are freed at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+
+from jpaged.core.sequence import SamplingParams
+from jpaged.entrypoints.async_engine import AsyncLLMEngine
+from jpaged.entrypoints.serve.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # the engine compiles its first steps (warm-up); requests get 503
+    READY = "ready"
+    DRAINING = "draining"  # shutting down: open requests finish, new ones get 503
+    STOPPED = "stopped"
+
+
+class ServerState:
+    """Readiness and draining of one served engine."""
+
+    def __init__(self, engine: AsyncLLMEngine, warm_up: bool = True, shutdown_timeout: float = 5.0):
+        self.engine = engine
+        self.phase = Phase.STARTING if warm_up else Phase.READY
+        self.warm_up = warm_up
+        self.shutdown_timeout = shutdown_timeout
+        self.ready = asyncio.Event()
+        if not warm_up:
+            self.ready.set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop the server runs on (drains start on it)."""
+        self._loop = loop
+
+    @property
+    def is_healthy(self) -> bool:
+        """True when ready and the engine's step loop is alive."""
+        return self.phase is Phase.READY and not self.engine.is_dead
+
+    def describe(self) -> str:
+        """The state for /health's 503 body."""
+        if self.engine.is_dead:
+            return f"engine dead: {self.engine.error}"
+        return self.phase.value
+
+    def check_accepting(self) -> None:
+        """RequestError (503) unless generation requests are taken now."""
+        if self.phase is not Phase.READY:
+            why = "is warming up (compiling its first steps)" if self.phase is Phase.STARTING else "is shutting down"
+            raise RequestError(f"the server {why}: retry later", None, 503, "service_unavailable")
+
+    async def start(self, observe) -> None:
+        """Warms the engine up through its own step loop (a request like any other), then calls
+        `observe()` (metrics start after warm-up, which is no client's work) and turns ready."""
+        if self.warm_up:
+            start = time.perf_counter()
+            stream = self.engine.generate([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True), "warm-up")
+            async for _ in stream:
+                pass
+            log.info("warm-up done in %.1f s: the smallest prefill and decode steps are compiled",
+                     time.perf_counter() - start)
+        observe()
+        if self.phase is Phase.STARTING:
+            self.phase = Phase.READY
+        self.ready.set()
+
+    def begin_drain(self) -> None:
+        """Starts draining; callable from a signal handler (it only schedules the drain on the loop)."""
+        if self._loop is not None and self._drain is None:
+            self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = self._loop.create_task(self.drain())
+
+    def stop(self) -> None:
+        """At the app's shutdown: aborts whatever is still open, stops the engine's step loop (the
+        aborts are applied first: their blocks are freed) and logs the blocks left in use."""
+        self.phase = Phase.STOPPED
+        if self._drain is not None:
+            self._drain.cancel()
+        aborted = self.engine.abort_all("the server is shutting down")
+        self.engine.shutdown()
+        stats = self.engine.engine.kv_stats()
+        log.info("shutdown: %d request(s) aborted at exit; KV blocks in use: %d of %d", aborted,
+                 stats["num_total_blocks"] - stats["num_free_blocks"], stats["num_total_blocks"])
+
+    async def drain(self) -> int:
+        """Stops taking requests, waits up to `shutdown_timeout` s for the open ones, aborts the rest;
+        how many were aborted."""
+        self.phase = Phase.DRAINING
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.engine.num_open_requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        aborted = self.engine.abort_all("the server is shutting down")
+        if aborted:
+            log.warning("shutdown: %d request(s) still open after %.1f s: aborted", aborted, self.shutdown_timeout)
+        return aborted
