@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -99,8 +100,7 @@ class _Handler:
                 if not isinstance(stream, BaseException):
                     await stream.aclose()  # aborts it
             if isinstance(errors[0], (ValueError, TypeError)) and not isinstance(errors[0], RequestError):
-                text = str(errors[0])  # the engine's door names its argument first ("request_id: ...")
-                raise RequestError(text, "request_id" if text.startswith("request_id:") else None) from None
+                raise _engine_refusal(str(errors[0]), type(body).model_fields) from None
             raise errors[0]
         return prompts, list(results)
 
@@ -222,6 +222,17 @@ class _Handler:
         except EngineDeadError as exc:
             yield sse(error_body(str(exc), None, "service_unavailable", 503))
         yield sse("[DONE]")
+
+
+def _engine_refusal(text: str, fields: dict) -> RequestError:
+    """The engine door's refusal as a 400 naming the request field: it names its own arguments
+    ("request_id: ...", "sampling_params.logit_bias keys: ...", "... sampling_params.best_of=9 exceeds ...")."""
+    if text.startswith("request_id:"):
+        return RequestError(text, "request_id")
+    named = re.search(r"sampling_params\.(\w+)", text)
+    if named is None or named.group(1) not in fields:
+        return RequestError(text, None)
+    return RequestError(f"{named.group(1)}: {text}", named.group(1))
 
 
 class CompletionHandler(_Handler):

@@ -1,4 +1,4 @@
-"""Request fields jpaged accepts only at their neutral value, and the sampling controls still to come.
+"""Request fields jpaged accepts only at their neutral value, and the sampling controls' mapping.
 
 OpenAI's and vLLM's clients send fields jpaged does not implement, mostly at values that ask for
 nothing (`store: false`, `repetition_penalty: 1.0`, `response_format: {"type": "text"}`). Such a
@@ -6,8 +6,8 @@ request is served; the same field at any other value is refused with a 400 namin
 why, so no request is silently served differently from what it asked. docs/notes/serving.md has
 the whole table (honoured / neutral-only / refused) with each reason.
 
-`NEUTRAL_ONLY` holds the fields no branch is implementing here; `CONTROLS` the sampling controls
-that SamplingParams is gaining under vLLM's names (`NOT_YET` lists those it does not have yet).
+`NEUTRAL_ONLY` holds the fields jpaged does not implement (yet); `CONTROLS` maps the sampling
+controls, which SamplingParams has under vLLM's names, from the request onto SamplingParams.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class Control:
 
 
 # The sampling controls, by vLLM's name (the request field and the SamplingParams field alike).
+# SamplingParams checks their ranges again and the engine's door their token ids (vocabulary).
 CONTROLS: dict[str, Control] = {
     "presence_penalty": Control(lambda v, _: v == 0.0),
     "frequency_penalty": Control(lambda v, _: v == 0.0),
@@ -99,31 +100,19 @@ CONTROLS: dict[str, Control] = {
     "min_tokens": Control(lambda v, _: v == 0),
     "min_p": Control(lambda v, _: v == 0.0),
     "allowed_token_ids": Control(lambda v, _: False, tuple),
-    "bad_words": Control(lambda v, _: not v, tuple),
+    "bad_words": Control(lambda v, _: not v, tuple),  # the text front end turns them into token ids
     "best_of": Control(lambda v, request: v == request.n),
 }
 
-# What each control's neutral value is, as the error message says it.
-NEUTRAL_CONTROLS = {"presence_penalty": "0", "frequency_penalty": "0", "repetition_penalty": "1", "logit_bias": "{}",
-                    "min_tokens": "0", "min_p": "0", "allowed_token_ids": "null", "bad_words": "[]",
-                    "best_of": "null or n"}
-
-# The controls SamplingParams does not have yet (another branch adds them): a request may send
-# them only at their neutral value. When one lands, deleting its name here honours it.
-NOT_YET = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-                     "min_p", "allowed_token_ids", "bad_words", "best_of"})
-
 
 def sampling_controls(body: Any) -> dict[str, Any]:
-    """SamplingParams keyword arguments for the controls `body` sets to something not neutral;
-    RequestError naming the first such control that SamplingParams does not have yet."""
+    """SamplingParams keyword arguments for the controls `body` sets to something not neutral
+    (left out at their neutral values, so SamplingParams keeps its own defaults)."""
     controls = {}
     fields = type(body).model_fields
     for name, control in CONTROLS.items():
         value = getattr(body, name) if name in fields else None
         if value is None or control.is_neutral(value, body):
             continue
-        if name in NOT_YET:
-            raise RequestError(f"{name}: {_LATER}; accepted only at its neutral value ({NEUTRAL_CONTROLS[name]})", name)
         controls[name] = control.convert(value)
     return controls

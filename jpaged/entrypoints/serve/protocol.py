@@ -3,13 +3,15 @@
 Models validate strictly (a bool is never a number, a number never a string) and forbid unknown
 fields (OpenAI's "unrecognized request argument"). A field is honoured (mapped onto SamplingParams
 or the prompt), accepted without effect where that is what it means here (`user`, `metadata`), or
-accepted only at its neutral value (`fields.NEUTRAL_ONLY`, `fields.CONTROLS`). Ranges are
+accepted only at its neutral value (`fields.NEUTRAL_ONLY`); the sampling controls map onto
+SamplingParams through `fields.sampling_controls`. Ranges are
 OpenAI's or vLLM's; the engine's door checks the rest (n against max_num_seqs, prompt length).
 Every error names its field: the server answers 400 with it as `param`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -44,8 +46,7 @@ class _Request(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, unused (an end-user id for the provider's abuse checks)
-    # The sampling controls (fields.CONTROLS): checked here for type and range, honoured once
-    # SamplingParams has them (fields.NOT_YET).
+    # The sampling controls (fields.CONTROLS), vLLM's names and ranges, honoured by SamplingParams
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
@@ -124,7 +125,7 @@ class _Request(BaseModel):
             if isinstance(exc, RequestError):
                 raise
             text = str(exc).removeprefix("SamplingParams.")
-            name = text.split(" ", 1)[0].split(":", 1)[0]
+            name = re.match(r"\w*", text).group()
             raise RequestError(text, name if name in type(self).model_fields else None) from None
 
 
@@ -134,7 +135,7 @@ class CompletionRequest(_Request):
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(16, ge=1)  # None: what max_model_len leaves
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = Field(None, ge=1)  # a sampling control (fields.CONTROLS)
+    best_of: int | None = Field(None, ge=1)  # a sampling control (fields.CONTROLS): the n best of best_of
     add_special_tokens: bool = True  # text prompts get what the tokenizer adds (BOS, usually)
     # Neutral only (fields.NEUTRAL_ONLY)
     echo: bool | None = False
@@ -147,6 +148,9 @@ class CompletionRequest(_Request):
             raise RequestError("prompt: must not be empty", "prompt")
         if self.best_of is not None and self.best_of < self.n:
             raise RequestError(f"best_of: must be >= n ({self.n}), got {self.best_of}", "best_of")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise RequestError(f"best_of: {self.best_of} > n ({self.n}) is not supported with stream: true (the n "
+                               "best are known only at the end)", "best_of")
         return self
 
     def prompts(self) -> list[tuple[str | list[int], str]]:

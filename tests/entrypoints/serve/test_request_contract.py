@@ -63,21 +63,16 @@ def test_neutral_values_are_accepted_and_change_nothing(client):
 
 
 REFUSED = [  # (route, field, value, extra fields): each is a 400 whose param names the field
-    # the sampling controls, until SamplingParams has them
-    ("completions", "presence_penalty", 0.5, {}),
-    ("completions", "frequency_penalty", -0.5, {}),
-    ("completions", "repetition_penalty", 1.1, {}),
-    ("completions", "logit_bias", {"5": 10.0}, {}),
-    ("completions", "min_tokens", 3, {}),
-    ("completions", "min_p", 0.1, {}),
-    ("completions", "allowed_token_ids", [1, 2], {}),
-    ("completions", "bad_words", ["x"], {}),
-    ("completions", "best_of", 3, {}),
-    ("chat", "presence_penalty", 0.5, {}),
     # out of range, whatever the support
     ("completions", "presence_penalty", 3.0, {}),
     ("completions", "logit_bias", {"x": 1.0}, {}),
     ("completions", "best_of", 1, {"n": 2}),
+    ("completions", "best_of", 3, {"stream": True}),  # the 3 are ranked at the end
+    ("completions", "best_of", 40, {}),  # wider than max_num_seqs (the engine's door)
+    ("completions", "logit_bias", {"999999": 1.0}, {}),  # not in the vocabulary (the engine's door)
+    ("chat", "allowed_token_ids", [10**6], {}),
+    ("completions", "min_tokens", 9, {}),  # more than max_tokens (4)
+    ("chat", "repetition_penalty", 0.0, {}),
     # later (other branches) or never: neutral only
     ("completions", "echo", True, {}),
     ("completions", "prompt_logprobs", 1, {}),
@@ -258,3 +253,67 @@ def test_beam_search_through_the_server_equals_offline(client, offline):
                                          extra_body={"use_beam_search": True, "length_penalty": 1.0})
     expected = offline.generate(PROMPT, SamplingParams(n=2, use_beam_search=True, max_tokens=8), use_tqdm=False)[0]
     assert [c.text for c in sorted(response.choices, key=lambda c: c.index)] == [c.text for c in expected.outputs]
+
+
+def _ids(choice) -> list[int]:
+    return choice.model_extra["token_ids"]
+
+
+def test_sampling_controls_are_honoured_as_offline(client, offline):
+    """Each control reaches the engine: the server's tokens equal the offline engine's under the same
+    SamplingParams, and the control shows its effect."""
+    tok = offline.get_tokenizer()
+    x, y = tok.encode("x", add_special_tokens=False)[0], tok.encode(" y", add_special_tokens=False)[0]
+    controls = {  # request fields -> SamplingParams fields (the same names)
+        "presence_penalty": {"presence_penalty": 2.0},
+        "frequency_penalty": {"frequency_penalty": 2.0},
+        "repetition_penalty": {"repetition_penalty": 2.0},
+        "min_p": {"min_p": 0.2, "temperature": 1.0, "seed": 11},
+        "bad_words": {"bad_words": [" return", "fib"]},
+    }
+    base = {"max_tokens": 24, "temperature": 0.0}
+    plain = _ids(client.completions.create(model=MODEL, prompt=PROMPT, **base,
+                                           extra_body={"return_token_ids": True}).choices[0])
+    for name, fields in controls.items():
+        got = client.completions.create(model=MODEL, prompt=PROMPT, **base,
+                                        extra_body={**fields, "return_token_ids": True})  # JSON as given
+        params = {**base, **fields, "bad_words": tuple(fields.get("bad_words", ()))}
+        expected = offline.generate(PROMPT, SamplingParams(**params), use_tqdm=False)[0].outputs[0]
+        assert _ids(got.choices[0]) == list(expected.token_ids), name
+    penalised = client.completions.create(model=MODEL, prompt=PROMPT, **base, frequency_penalty=2.0,
+                                          extra_body={"return_token_ids": True})
+    assert _ids(penalised.choices[0]) != plain  # the penalty changed the greedy text
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, **base, extra_body={"bad_words": ["fib"]})
+    assert "fib" not in banned.choices[0].text
+    # logit_bias and allowed_token_ids force tokens, on both routes
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, logit_bias={str(x): 100},
+                                       extra_body={"return_token_ids": True})
+    assert _ids(forced.choices[0]) == [x] * 5
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, seed=3,
+                                          extra_body={"allowed_token_ids": [x, y], "return_token_ids": True})
+    assert set(_ids(chat.choices[0])) <= {x, y} and len(_ids(chat.choices[0])) == 6
+
+
+def test_min_tokens_delays_the_stop_tokens(client):
+    def complete(**extra):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0,
+                                         extra_body={"return_token_ids": True, **extra}).choices[0]
+
+    ids = _ids(complete())
+    stop = next(t for i, t in enumerate(ids) if i >= 3 and t not in ids[:i])  # a token the greedy text meets late
+    early = complete(stop_token_ids=[stop])
+    assert early.finish_reason == "stop" and len(_ids(early)) <= ids.index(stop) + 1
+    late = complete(stop_token_ids=[stop], min_tokens=ids.index(stop) + 6)
+    assert len(_ids(late)) >= ids.index(stop) + 6  # the stop token could not be sampled before min_tokens
+
+
+def test_best_of_returns_the_n_best_as_offline(client, offline):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, n=2, best_of=4, seed=7, max_tokens=12,
+                                         temperature=1.0, logprobs=0)
+    params = SamplingParams(n=2, best_of=4, seed=7, max_tokens=12, temperature=1.0, logprobs=0)
+    expected = offline.generate(PROMPT, params, use_tqdm=False)[0].outputs
+    choices = sorted(response.choices, key=lambda c: c.index)
+    assert [c.text for c in choices] == [c.text for c in expected]
+    # ranked by cumulative log-probability, best first
+    totals = [sum(c.logprobs.token_logprobs) for c in choices]
+    assert totals[0] >= totals[1]
