@@ -20,7 +20,7 @@ import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.api_server import build_app
-from jpaged.entrypoints.serve.state import ServerState
+from jpaged.entrypoints.serve.state import ServerState, warm_up_smallest_steps
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.model
-    state = ServerState(engine, warm_up=not args.no_warmup, shutdown_timeout=args.shutdown_timeout)
+    state = ServerState(engine, warm_up=None if args.no_warmup else warm_up_smallest_steps,
+                        shutdown_timeout=args.shutdown_timeout)
     app = build_app(engine, name, state, stream_interval=args.stream_interval)
     log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,
              args.host, args.port)

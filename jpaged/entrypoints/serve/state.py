@@ -1,7 +1,9 @@
 """The server's life as one state it owns: starting (warming up), ready, draining, stopped.
 
 /health answers 200 only when ready (and the engine's step loop is alive), 503 with the state
-otherwise; generation routes refuse with 503 unless ready. On SIGTERM or SIGINT the server drains:
+otherwise; generation routes refuse with 503 unless ready. The warm-up is a coroutine function
+given to ServerState (`warm_up_smallest_steps` today); the state turns ready when it returns, so a
+fuller warm-up (every step shape compiled) replaces that function and nothing else. On SIGTERM or SIGINT the server drains:
 it stops taking requests, lets open ones finish for at most `shutdown_timeout` seconds, then
 aborts what remains (each stream ends with finish reason "abort"; its blocks are freed at once).
 """
@@ -12,6 +14,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
@@ -27,16 +30,31 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
 
 
+WarmUp = Callable[[AsyncLLMEngine], Awaitable[None]]
+
+
+async def warm_up_smallest_steps(engine: AsyncLLMEngine) -> None:
+    """Compiles the smallest prefill and decode steps through the engine's own step loop (a request
+    like any other); other shapes still compile on first use."""
+    start = time.perf_counter()
+    async for _ in engine.generate([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True), "warm-up"):
+        pass
+    log.info("warm-up done in %.1f s: the smallest prefill and decode steps are compiled", time.perf_counter() - start)
+
+
 class ServerState:
     """Readiness and draining of one served engine."""
 
-    def __init__(self, engine: AsyncLLMEngine, warm_up: bool = True, shutdown_timeout: float = 5.0):
+    def __init__(self, engine: AsyncLLMEngine, warm_up: WarmUp | None = warm_up_smallest_steps,
+                 shutdown_timeout: float = 5.0):
+        """`warm_up`: awaited at start, before the server turns ready (None: ready at once);
+        `shutdown_timeout`: seconds open requests get to finish when the server is stopped."""
         self.engine = engine
-        self.phase = Phase.STARTING if warm_up else Phase.READY
+        self.phase = Phase.STARTING if warm_up is not None else Phase.READY
         self.warm_up = warm_up
         self.shutdown_timeout = shutdown_timeout
         self.ready = asyncio.Event()
-        if not warm_up:
+        if warm_up is None:
             self.ready.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task | None = None
@@ -62,16 +80,11 @@ class ServerState:
             why = "is warming up (compiling its first steps)" if self.phase is Phase.STARTING else "is shutting down"
             raise RequestError(f"the server {why}: retry later", None, 503, "service_unavailable")
 
-    async def start(self, observe) -> None:
-        """Warms the engine up through its own step loop (a request like any other), then calls
-        `observe()` (metrics start after warm-up, which is no client's work) and turns ready."""
-        if self.warm_up:
-            start = time.perf_counter()
-            stream = self.engine.generate([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True), "warm-up")
-            async for _ in stream:
-                pass
-            log.info("warm-up done in %.1f s: the smallest prefill and decode steps are compiled",
-                     time.perf_counter() - start)
+    async def start(self, observe: Callable[[], None]) -> None:
+        """Awaits the warm-up, then calls `observe()` (metrics start after warm-up, which is no
+        client's work) and turns ready."""
+        if self.warm_up is not None:
+            await self.warm_up(self.engine)
         observe()
         if self.phase is Phase.STARTING:
             self.phase = Phase.READY

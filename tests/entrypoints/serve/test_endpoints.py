@@ -4,6 +4,7 @@ with real values, on the session's `jpaged serve`."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.helpers.server import MODEL, metric, metrics
 
@@ -52,6 +53,17 @@ def test_what_lm_evals_remote_tokenizer_calls(server, offline):
     ids = post(server, "/tokenize", {"prompt": "x = 1\n", "add_special_tokens": False}).json()["tokens"]
     assert post(server, "/detokenize", {"tokens": ids}).json()["prompt"] == "x = 1\n"
     assert httpx.get(server.base_url + "/version").json() == {"version": "0.1.0"}
+
+
+def test_lm_evals_own_remote_tokenizer_against_the_server(server, offline):
+    """lm-eval's RemoteTokenizer itself (where lm-eval is installed; it is no test dependency)."""
+    utils = pytest.importorskip("lm_eval.utils", reason="lm-eval is not installed")
+    tok = offline.get_tokenizer()
+    remote = utils.RemoteTokenizer(server.base_url + "/v1/completions")
+    text = "def f(x):\n    return x  # ü"
+    assert remote.eos_token_id == tok.eos_token_id and remote.bos_token_id == tok.bos_token_id
+    assert remote.encode(text) == tok.encode(text, add_special_tokens=False)
+    assert remote.decode(remote.encode(text)) == text
 
 
 def _buckets(values: dict[str, float], name: str) -> list[float]:

@@ -158,7 +158,7 @@ BAD_REQUESTS = [  # (route, body, param the error must name)
     ("completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ("completions", {"prompt": "x", "max_tokens": 10_000}, "max_tokens"),
     ("completions", {"prompt": "x", "logprobs": 99}, "logprobs"),
-    ("completions", {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("completions", {"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
     ("completions", {"prompt": "x", "no_such_field": 1}, "no_such_field"),
     ("completions", {"prompt": [1, 2, 99_999]}, "prompt"),
     ("completions", {"prompt": "word " * 600}, "prompt"),
