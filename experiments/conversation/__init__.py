@@ -134,9 +134,10 @@ def plot(config: ConversationConfig, points: list[dict], threshold: float) -> No
         axes[0].plot(x, [100 * p["prefix_hit_rate"] for p in pts], marker="o", ms=4, label=name)
         axes[1].plot(x, [p["mean_ttft_ms"] / 1e3 for p in pts], marker="o", ms=4, label=name)
         axes[2].plot(x, [p["normalized_latency"] for p in pts], marker="o", ms=4, label=name)
+    axes[1].set_yscale("log")  # (seconds below the knee, minutes above it)
     axes[2].axhline(threshold, color="k", ls=":", lw=0.8, label="sustained threshold")
     axes[2].set_ylim(0, 2.5 * threshold)
-    for ax, ylabel in zip(axes, ("Prefix-hit rate (%)", "Mean TTFT (s)", "Normalized latency (s/token)")):
+    for ax, ylabel in zip(axes, ("Prefix-hit rate (%)", "Mean TTFT (s, log)", "Normalized latency (s/token)")):
         ax.set_xlabel("Request rate (rounds/s)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
