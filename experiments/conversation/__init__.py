@@ -10,8 +10,8 @@ event loop, the same measurement window) with its prefix cache on and a host tie
 ... the device KV pool (`host_tiers`, in multiples of the pool's usable blocks). An evicted cached
 block is copied to the tier beside the step; a round whose history reached the tier promotes it by
 swap-ins before its step, each block priced by the cost model's PCIe figures (`swap_time`: the
-GPU's practical host<->device bandwidth, 25 GB/s per direction for PCIe 4.0 x16 on an A100, from
-PAPER.md's hardware facts, plus a per-layer copy latency).
+GPU's practical host<->device bandwidth, ~25 GB/s per direction for PCIe 4.0 x16 on an A100,
+`jpaged/paper/sim/gpus.py`, plus a per-layer copy latency).
 
 Per (tier, policy, rate): the prefix-hit rate (prompt tokens served from either tier / prompt
 tokens admitted, in the window), TTFT, normalized latency, the tier's traffic; per tier: the

@@ -41,8 +41,8 @@ def conversation(results: dict, figures: Figures) -> str:
 {cfg['cache']['num_blocks'] - 1} blocks; conversations from the ShareGPT shapes (mean {cfg['mean_turns']:g} rounds,
 history never cut, think time Exponential(mean {cfg['think_mean_s']:g} s), an assumption), each round arriving after
 its previous reply; {cfg['warmup_s']:g} s of warm-up, then {cfg['duration_s']:g} s measured. The host tier's copies
-are priced by the cost model's PCIe figures: 25 GB/s per direction for PCIe 4.0 x16 on an A100 (PAPER.md's hardware
-facts) plus a per-layer copy latency; promotions are swap-ins before the step, offloads run beside it.
+are priced by the cost model's PCIe figures: PCIe 4.0 x16's ~25 GB/s in practice per direction on an A100
+(`jpaged/paper/sim/gpus.py`) plus a per-layer copy latency; promotions are swap-ins before the step, offloads run beside it.
 
 Per offered rate (rounds/s): prefix-hit rate / mean TTFT (s) / normalized latency (s/token).
 
