@@ -137,6 +137,37 @@ class LLMEngine:
             for seq in chosen:
                 self.scheduler.free_seq(seq)
 
+    def pin_prefix(self, prompt_token_ids: Seq[int] | np.ndarray, cache_salt: str | None = None) -> int:
+        """Pre-stores a prefix (paper §4.4, "as how OS handles shared library"): computes its KV
+        blocks once and pins them in the prefix cache, never evicted. Requests whose prompts start
+        with it (under the same `cache_salt`) map its blocks, the last one copy-on-write when the
+        prefix ends inside a block, so no request computes any of it. Returns the blocks pinned.
+
+        The engine must be idle (nothing unfinished): the prefix runs as a request of its own
+        (ids checked as a prompt's, named `prefix`), which is then ended and drained. Pinning the
+        same prefix again changes nothing.
+        """
+        bm = self.scheduler.block_manager
+        if bm.prefix_cache is None:
+            raise ValueError("cache.enable_prefix_caching: pinning a prefix needs the prefix cache (set it true)")
+        if self.has_unfinished():
+            raise RuntimeError("pin_prefix: the engine must be idle (requests are unfinished)")
+        request_id = f"pin-{self._num_arrivals}"  # (an idle engine holds no request ids)
+        request = self.check_request(request_id, prompt_token_ids, SamplingParams(max_tokens=2, ignore_eos=True),
+                                     None, cache_salt, prompt_field="prefix")
+        self._queue(request)
+        group = self._groups[request_id]
+        seq = group.seqs[0]
+        while seq.num_output_tokens == 0 and group.finish_time is None:  # until its prefill is computed
+            self.step()
+        if group.finish_time is not None:  # refused or ended with an error: it never ran
+            self.step()
+            raise ValueError(f"prefix: could not be computed ({group.error or 'it ended before its prefill'})")
+        blocks = bm.pin_prefix(seq.seq_id, request.prompt, request.cache_salt)
+        self.abort(request_id)
+        self.step()  # reports (and forgets) the ended request
+        return len(blocks)
+
     def has_unfinished(self) -> bool:
         """True while any request waits, runs, is swapped out, or has an unreported output."""
         return self.scheduler.has_unfinished() or bool(self.postprocessor.outputs)
@@ -260,14 +291,27 @@ class LLMEngine:
         }
 
     def prefix_cache_stats(self) -> dict:
-        """Prefix-cache hit rate (cached tokens / prompt tokens admitted), cached blocks, evictions."""
+        """Prefix-cache hit rate (cached tokens / prompt tokens admitted, both tiers), cached device
+        blocks, device evictions, pinned blocks, and the host tier's size, use and traffic (hits:
+        the tokens its promoted blocks held)."""
         admission = self.scheduler.admission
-        cache = self.scheduler.block_manager.prefix_cache
+        bm = self.scheduler.block_manager
+        cache = bm.prefix_cache
+        tier = cache.host.stats() if cache is not None and cache.host is not None else None
         return {
             "prefix_cache_hit_rate": admission.num_cached_tokens / max(admission.num_prompt_tokens, 1),
             "prefix_cached_tokens": admission.num_cached_tokens,
+            "prefix_queried_tokens": admission.num_prompt_tokens,
             "prefix_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
             "prefix_cache_evictions": cache.num_evictions if cache is not None else 0,
+            "num_pinned_blocks": bm.num_pinned_blocks if cache is not None else 0,
+            "host_cache_blocks": tier["capacity"] if tier else 0,
+            "host_cache_used_blocks": tier["blocks"] if tier else 0,
+            "host_cache_usage": tier["blocks"] / tier["capacity"] if tier else 0.0,
+            "host_cache_hit_tokens": tier["promotions"] * bm.block_size if tier else 0,
+            "host_cache_promotions": tier["promotions"] if tier else 0,
+            "host_cache_offloads": tier["offloads"] if tier else 0,
+            "host_cache_evictions": tier["evictions"] if tier else 0,
         }
 
 

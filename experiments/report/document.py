@@ -21,6 +21,7 @@ from experiments.block_size.report import block_size
 from experiments.chatbot.report import chatbot
 from experiments.chunked_prefill.report import chunked_prefill
 from experiments.common import REPO_ROOT
+from experiments.conversation.report import conversation
 from experiments.fleet.report import fleet_section
 from experiments.kernel_bench.report import kernel_bench
 from experiments.memory_waste.report import memory_waste
@@ -74,7 +75,7 @@ def provenance(results: dict, figures: Figures) -> str:
 
 # The report in order; kernel_bench opens Fig. 18 and block_size continues it (Fig. 18b).
 SECTIONS = (header, sim_validation, figure_moves, memory_waste, throughput, real_executor, parallel_sampling,
-            shared_prefix, chatbot, kernel_bench, block_size, preemption, chunked_prefill, fleet_section,
+            shared_prefix, chatbot, conversation, kernel_bench, block_size, preemption, chunked_prefill, fleet_section,
             host_and_real_engine, provenance)
 
 

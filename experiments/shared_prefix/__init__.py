@@ -2,9 +2,11 @@
 
 A translation-like workload (the paper: WMT16 En->De on LLaMA-13B): every prompt is the same
 few-shot prefix, `prefix_len` tokens (80 for 1-shot, 341 for 5-shot), followed by a short task
-input. vLLM shares the prefix's full blocks through its prefix cache (a radix tree over blocks,
-filled by the first request instead of pre-stored as in the paper), so prefill runs only on the
-rest; Orca (Oracle) reserves and computes every prompt whole. Task lengths are an assumption
+input. vLLM shares the prefix through its prefix cache (a radix tree over blocks): under
+`pin_prefix` the prefix is pre-stored before the trace as in the paper (§4.4, `LLMEngine.pin_prefix`:
+pinned, never evicted, its last partial block shared copy-on-write), else the first request fills
+the cache with its full blocks and every request recomputes the partial one. Prefill runs only on
+the rest; Orca (Oracle) reserves and computes every prompt whole. Task lengths are an assumption
 (WMT16 news sentences: about two dozen tokens, translations ~1.2x longer), kept in the config.
 Runs with the simulator by default and with the real model under `executor: jax`.
 
@@ -49,6 +51,7 @@ class SharedPrefixConfig:
     duration_s: float = 300.0  # trace length per point, seconds
     num_requests: int | None = None  # cap on requests per trace (the real executor's runs)
     seed: int = 0  # seeds every trace and the prefix's tokens
+    pin_prefix: bool = False  # vLLM pre-stores the prefix before the trace (paper §4.4) instead of caching it on use
     executor: Literal["sim", "jax"] = "sim"  # sim: cost model on a virtual clock; jax: the real model
     sim: SimConfig = dataclasses.field(default_factory=SimConfig)  # modeled GPUs (sim only)
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)  # KV pool; vLLM turns prefix caching on
@@ -72,12 +75,21 @@ class SharedPrefixConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
+def _rngs(config: SharedPrefixConfig) -> list[np.random.Generator]:
+    """The prefix's, the arrivals', the lengths' and the task tokens' generators."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
+
+
+def make_prefix(config: SharedPrefixConfig, prefix_len: int) -> np.ndarray:
+    """The shared prefix's `prefix_len` token ids (the same for every rate)."""
+    return _rngs(config)[0].integers(4, get_preset(config.model.name).vocab_size, prefix_len, dtype=np.int32)
+
+
 def make_trace(config: SharedPrefixConfig, prefix_len: int, rate: float) -> list:
     """Prefix + task input prompts at Poisson times; the same prefix tokens for every request."""
-    prefix_rng, arrival_rng, length_rng, token_rng = (np.random.default_rng(s)
-                                                      for s in np.random.SeedSequence(config.seed).spawn(4))
+    _, arrival_rng, length_rng, token_rng = _rngs(config)
     vocab = get_preset(config.model.name).vocab_size
-    prefix = prefix_rng.integers(4, vocab, prefix_len, dtype=np.int32)
+    prefix = make_prefix(config, prefix_len)
     arrivals = poisson_arrivals(rate, arrival_rng, duration_s=config.duration_s, num_requests=config.num_requests)
     n = len(arrivals)
     inputs = np.exp(length_rng.normal(np.log(config.input_median), config.input_sigma, n))
@@ -88,15 +100,24 @@ def make_trace(config: SharedPrefixConfig, prefix_len: int, rate: float) -> list
 
 
 def run_point(config: SharedPrefixConfig, prefix_len: int, system: str, rate: float) -> dict:
-    """Serves the trace at `rate`; vLLM runs with its prefix cache and reports the hit rate."""
+    """Serves the trace at `rate`; vLLM runs with its prefix cache (the prefix pre-stored under
+    `pin_prefix`: the trace starts after it is computed) and reports the hit rate of the trace's
+    prompts."""
     cache = dataclasses.replace(config.cache, enable_prefix_caching=system == "vllm")
     engine_config = EngineConfig(model=config.model, cache=cache, scheduler=config.scheduler,
                                  executor=config.executor)
     engine = build_engine(system, engine_config, config.sim)
+    pinned = system == "vllm" and config.pin_prefix
+    if pinned:
+        engine.pin_prefix(make_prefix(config, prefix_len).tolist())
+    before = engine.prefix_cache_stats()  # (the pinning's own prompt is no trace prompt)
     result = run_trace(engine, make_trace(config, prefix_len, rate))
     point = {"prefix_len": prefix_len, "system": system, "request_rate": rate, **point_metrics(result)}
     if system == "vllm":
-        point["prefix_cache_hit_rate"] = engine.prefix_cache_stats()["prefix_cache_hit_rate"]
+        after = engine.prefix_cache_stats()
+        point["prefix_cache_hit_rate"] = ((after["prefix_cached_tokens"] - before["prefix_cached_tokens"])
+                                          / max(after["prefix_queried_tokens"] - before["prefix_queried_tokens"], 1))
+        point["prefix_pinned"] = pinned
     return point
 
 

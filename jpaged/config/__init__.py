@@ -43,13 +43,20 @@ def _normalise(config: Any, prefix: str, checks: dict[str, Callable[[str, Any], 
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
-    """The paged KV cache: block geometry and pool sizes (device and host swap space)."""
+    """The paged KV cache: block geometry, pool sizes (device; host: swap space and the prefix
+    cache's host tier, one pool), prefix caching and its eviction policy."""
 
     block_size: int = 16  # tokens per KV block (paper default 16)
     num_blocks: int = 984  # device blocks incl. reserved block 0 (OPT-13B/A100-40GB: 15,728 slots / 16 + 1)
     num_host_blocks: int = 984  # host (CPU) swap blocks; 0 disables swap; paper: <= device blocks
     watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
     enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
+    # Host blocks added to the host pool for the prefix cache's second tier: evicted cached blocks
+    # are copied there, and hits promote them back; 0 = no tier (evicted blocks are dropped)
+    num_host_cache_blocks: int = 0
+    # Eviction order of both prefix-cache tiers: lru (least recently released) or arc (adaptive
+    # replacement: recency vs reuse, jpaged.core.eviction)
+    eviction_policy: Literal["lru", "arc"] = "lru"
 
     def __post_init__(self) -> None:
         _normalise(self, "cache", {
@@ -58,12 +65,20 @@ class CacheConfig:
             "num_host_blocks": lambda f, v: check_int(f, v, 0, MAX_BLOCKS),
             "watermark": lambda f, v: check_float(f, v, 0.0, 1.0, hi_open=True),
             "enable_prefix_caching": check_bool,
+            "num_host_cache_blocks": lambda f, v: check_int(f, v, 0, MAX_BLOCKS),
+            "eviction_policy": lambda f, v: check_choice(f, v, ("lru", "arc")),
         })
         _check(self.block_size & (self.block_size - 1) == 0, "cache.block_size",
                f"must be a power of two in [1, {MAX_BLOCK_SIZE}], got {self.block_size}")
         _check(self.num_blocks * self.block_size < INT32_LIMIT, "cache.num_blocks",
                f"num_blocks x block_size = {self.num_blocks * self.block_size} slots must be < 2**31 "
                f"(slot ids are int32), got num_blocks={self.num_blocks}")
+        _check(self.num_host_cache_blocks == 0 or self.enable_prefix_caching, "cache.num_host_cache_blocks",
+               f"a host tier ({self.num_host_cache_blocks} blocks) caches prefix blocks: it needs "
+               f"cache.enable_prefix_caching: true (or num_host_cache_blocks: 0)")
+        _check(self.num_host_blocks + self.num_host_cache_blocks <= MAX_BLOCKS, "cache.num_host_cache_blocks",
+               f"num_host_blocks + num_host_cache_blocks = {self.num_host_blocks + self.num_host_cache_blocks} "
+               f"host blocks, more than {MAX_BLOCKS}")
 
     @property
     def num_usable_blocks(self) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, NamedTuple
 
+from jpaged.core.prefix_cache import NO_HIT
 from jpaged.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ class Admission:
             seqs = group.live_seqs() if not group.is_single else group.seqs
             leader, followers = seqs[0], seqs[1:]  # followers: a recomputed group's other sequences
             num_tokens = len(leader.token_ids)
-            hits = kv.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys) if self.prefix_caching else []
-            cached = len(hits) * kv.block_size
+            hits = kv.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys) if self.prefix_caching else NO_HIT
+            cached = hits.num_tokens
             shares = [rejoin.share(f) for f in followers] if followers else []
             unique_blocks = (sum(rows.blocks_for(len(f.token_ids)) - share.blocks for f, share in zip(followers, shares))
                              if followers else 0)

@@ -1,12 +1,13 @@
 """The paged KV cache managed like virtual memory (paper §4.2–4.4).
 
-Physical blocks of `block_size` token slots live in a device pool (and, for preempted groups, a
-host pool: `jpaged.core.swap_space`). Each sequence has a block-table row (`jpaged.core.row_store`)
+Physical blocks of `block_size` token slots live in a device pool (and, for preempted groups and
+the prefix cache's host tier, a host pool: `jpaged.core.swap_space`, `jpaged.core.host_tier`). Each sequence has a block-table row (`jpaged.core.row_store`)
 mapping its logical blocks to physical ones. A reference count per physical block lets sequences
 of a group share blocks (parallel sampling, beam search, a recomputed group's common history); a
 write into a shared block is preceded by copy-on-write. Full blocks may stay in the radix prefix
 cache after their last reference (`jpaged.core.prefix_cache`): unreferenced cached blocks count
-as free and are evicted on demand. Block 0 is reserved: padding entries point at it, so padded
+as free and are evicted on demand (to the host tier, when there is one). A pinned prefix's
+blocks hold a reference of the pin and never go. Block 0 is reserved: padding entries point at it, so padded
 writes are harmless.
 
 Hot paths are vectorized over sequences (`append_slots`); the free list is a Python list used as
@@ -23,7 +24,9 @@ from typing import Hashable
 import numpy as np
 
 from jpaged.core.decode_cursor import PagedDecodeCursor
-from jpaged.core.prefix_cache import PrefixCache, block_keys
+from jpaged.core.eviction import make_policy
+from jpaged.core.host_tier import HostTier
+from jpaged.core.prefix_cache import NO_HIT, PrefixCache, PrefixHit, block_keys
 from jpaged.core.row_store import RowStore, int32_cells
 from jpaged.core.swap_space import SwapSpace
 
@@ -33,26 +36,41 @@ class BlockManager:
     space and an optional prefix cache (implements `kv_manager.KVCacheManager`)."""
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int, max_model_len: int,
-                 watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False):
+                 watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False,
+                 num_host_cache_blocks: int = 0, eviction_policy: str = "lru"):
+        """`num_host_blocks` host blocks of swap space, and `num_host_cache_blocks` more that the
+        prefix cache's host tier may hold (one pool: `jpaged.core.host_tier`); `eviction_policy`
+        orders both tiers' evictions (`jpaged.core.eviction.POLICIES`)."""
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_host_cache_blocks and not enable_prefix_caching:
+            raise ValueError(f"num_host_cache_blocks: a host tier ({num_host_cache_blocks} blocks) needs "
+                             "enable_prefix_caching")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.watermark_blocks = int(watermark * (num_blocks - 1))  # free blocks kept at admission by default
-        self._refs, self.refcount = int32_cells((num_blocks,))  # [N] references from block tables
+        self._refs, self.refcount = int32_cells((num_blocks,))  # [N] references from block tables (and pins)
         self._block_offsets = np.arange(block_size, dtype=np.int32)  # [block_size] slot offsets in a block
         # A stack: pop() hands out the lowest id first, which keeps pictures of the pool readable.
         self._free = list(range(num_blocks - 1, 0, -1))
         self.rows = RowStore(block_size, -(-max_model_len // block_size), max(1, max_seqs) + 1)
         # Row -> how far its blocks are in the prefix cache as its own (PrefixCache.insert's path).
         self._cache_paths: dict[int, tuple] = {}
+        self.swap = SwapSpace(self, num_host_blocks + num_host_cache_blocks)
         # Cached blocks without references stay off the free list until evicted on demand.
-        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+        self.prefix_cache = None
+        if enable_prefix_caching:
+            tier = (HostTier(self.swap, num_host_cache_blocks, make_policy(eviction_policy, num_host_cache_blocks))
+                    if num_host_cache_blocks else None)
+            self.prefix_cache = PrefixCache(block_size, make_policy(eviction_policy, num_blocks - 1), tier)
+            self.swap.tier = tier
         # Unreferenced cached blocks: as good as free (evicted on demand).
         self._reclaimable = self.prefix_cache.evictable if self.prefix_cache is not None else ()
-        self.swap = SwapSpace(self, num_host_blocks)
+        # (salt, prefix tokens) -> the blocks its pin holds (`pin_prefix`).
+        self.pinned: dict[tuple[Hashable, tuple[int, ...]], list[int]] = {}
+        self.num_pinned_blocks = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -69,66 +87,109 @@ class BlockManager:
     # ------------------------------------------------------------------ admission
 
     def match_prefix(self, token_ids: list[int], cache_salt: Hashable = None,
-                     keys: list[tuple[int, ...]] | None = None) -> list[int]:
-        """Cached blocks holding the longest prefix of whole blocks of `token_ids` (never all of it).
+                     keys: list[tuple[int, ...]] | None = None) -> PrefixHit:
+        """The cached blocks holding the longest prefix of `token_ids` (never all of it): whole
+        blocks on the device, then in the host tier, or a pinned prefix ending inside a block.
 
         At least the last token is never a hit, so a prefill always has a token to sample from.
         `keys` (`prefix_cache.block_keys` of the tokens) saves recomputing them at every retry.
-        Empty without prefix caching.
+        NO_HIT without prefix caching.
         """
         if self.prefix_cache is None:
-            return []
+            return NO_HIT
         keys = block_keys(token_ids, self.block_size, keys)
-        return self.prefix_cache.match(keys, cache_salt, (len(token_ids) - 1) // self.block_size)
+        return self.prefix_cache.match(keys, cache_salt, (len(token_ids) - 1) // self.block_size, token_ids)
 
     def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
-        """Whether a group could ever hold its blocks here (every block free): its first sequence's
-        `num_tokens` tokens within the block table, and with `extra_blocks` more (its other
-        sequences' own blocks) within the pool. `width` and `final_len` do not matter: paged blocks
-        are taken as tokens come and forks share them (a group that outgrows the pool later is
-        the scheduler's to end)."""
+        """Whether a group could ever hold its blocks here (every block free but the pinned
+        prefixes'): its first sequence's `num_tokens` tokens within the block table, and with
+        `extra_blocks` more (its other sequences' own blocks) within the pool. `width` and
+        `final_len` do not matter: paged blocks are taken as tokens come and forks share them (a
+        group that outgrows the pool later is the scheduler's to end)."""
         need = -(-num_tokens // self.block_size)
-        return need <= self.rows.max_blocks_per_seq and need + extra_blocks <= self.num_blocks - 1
+        return (need <= self.rows.max_blocks_per_seq
+                and need + extra_blocks <= self.num_blocks - 1 - self.num_pinned_blocks)
 
-    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: PrefixHit = NO_HIT, *, width: int = 1,
                   final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
         """Whether a sequence of `num_tokens` tokens that `fits` may start now, its first
         `num_scheduled` getting slots.
 
-        `hits` are its cached prefix blocks (`match_prefix`); `extra_blocks` are blocks other
-        sequences of its group take in the same step. `headroom` free blocks must stay free after
-        it (None: the watermark). `width` and `final_len` are unused here (see `fits`); contiguous
-        managers take the same arguments and reserve by them.
+        `hits` is its cached prefix (`match_prefix`): its device blocks need no new block (but a
+        pinned partial block is copied when written), its host-tier blocks need one each.
+        `extra_blocks` are blocks other sequences of its group take in the same step. `headroom`
+        free blocks must stay free after it (None: the watermark). `width` and `final_len` are
+        unused here (see `fits`); contiguous managers take the same arguments and reserve by them.
         """
-        need = -(-num_scheduled // self.block_size) - len(hits) + extra_blocks
+        blocks = hits.blocks
+        need = -(-num_scheduled // self.block_size) - len(blocks) + hits.partial + extra_blocks
         available = len(self._free) + len(self._reclaimable)
-        if hits:  # a hit needs no new block, but an unreferenced cached block stops being reclaimable
+        if blocks:  # a hit needs no new block, but an unreferenced cached block stops being reclaimable
             refs = self._refs
-            available -= sum(1 for b in hits if refs[b] == 0)
+            available -= sum(1 for b in blocks if refs[b] == 0)
         headroom = self.watermark_blocks if headroom is None else headroom
         return available - need >= headroom
 
-    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+    def admit(self, seq_id: int, hits: PrefixHit = NO_HIT, *, width: int = 1, final_len: int | None = None,
               num_tokens: int | None = None) -> int:
         """Gives a new sequence a block-table row holding its cached prefix `hits`; returns the row.
 
-        Its other tokens get slots from `append_slots`. (`width`, `final_len`, `num_tokens`: see
-        `can_admit`.)
+        Its host-tier blocks are promoted: fresh device blocks, and the copies queued in the host
+        tier for this step. Its other tokens get slots from `append_slots`. (`width`,
+        `final_len`, `num_tokens`: see `can_admit`.)
         """
         if self.rows.has_seq(seq_id) or self.swap.holds(seq_id):
             raise ValueError(f"sequence {seq_id} already holds blocks")
-        hits = list(hits)
         rows = self.rows
         row = rows.take(seq_id)
-        if hits:
+        blocks, host_blocks = hits.blocks, hits.host_blocks
+        if blocks or host_blocks:
             refs, tables, base = self._refs, rows.table_cells, row * rows.max_blocks_per_seq
-            for i, block in enumerate(hits):  # (a prefix path: distinct blocks)
+            for i, block in enumerate(blocks):  # (a prefix path: distinct blocks)
                 refs[block] += 1
                 tables[base + i] = block
-            self.prefix_cache.touch(hits)  # referenced now: no longer evictable
-        rows.block_cells[row] = len(hits)
-        rows.token_cells[row] = len(hits) * self.block_size
+            self.prefix_cache.touch(blocks)  # referenced now: no longer evictable
+            if host_blocks:
+                cache = self.prefix_cache
+                nodes = cache.host.detach(host_blocks)  # out of the host tier first: nothing evicts them now
+                promoted = self.take_blocks(len(nodes))  # (may evict other device blocks to the host tier)
+                cache.promote(nodes, promoted)
+                cache.host.promoted(host_blocks, promoted)
+                for i, block in enumerate(promoted, base + len(blocks)):
+                    refs[block] = 1
+                    tables[i] = block
+        rows.block_cells[row] = len(blocks) + len(host_blocks)
+        rows.token_cells[row] = hits.num_tokens
         return row
+
+    def pin_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> list[int]:
+        """Pins the blocks of resident sequence `seq_id` that hold its first `len(token_ids)`
+        tokens (`token_ids`, computed and cached: their full blocks are in the prefix cache): they
+        hold a reference of the pin from now on, so they are never evicted, and a partial last
+        block is kept for prompts that continue the prefix (`PrefixCache.pin_tail`). Returns the
+        pinned blocks; a prefix pinned already keeps its first blocks (nothing changes)."""
+        if self.prefix_cache is None:
+            raise ValueError("enable_prefix_caching: pinning a prefix needs the prefix cache")
+        bs, rows = self.block_size, self.rows
+        key = (cache_salt, tuple(token_ids))
+        if key in self.pinned:
+            return self.pinned[key]
+        if rows.num_slots(seq_id) < len(token_ids):
+            raise ValueError(f"pin_prefix: sequence {seq_id} holds {rows.num_slots(seq_id)} tokens, "
+                             f"fewer than the {len(token_ids)} to pin")
+        full = len(token_ids) // bs
+        blocks = rows.blocks_of(rows.row_of(seq_id))[: -(-len(token_ids) // bs)]
+        keys = block_keys(token_ids, bs)
+        if [n.block for n in self.prefix_cache.path(keys, cache_salt)] != blocks[:full]:
+            raise ValueError(f"pin_prefix: sequence {seq_id}'s full blocks are not the cached ones")
+        if full < len(blocks):
+            self.prefix_cache.pin_tail(keys, cache_salt, tuple(token_ids[full * bs:]), blocks[-1])
+        refs = self._refs
+        for block in blocks:
+            refs[block] += 1
+        self.pinned[key] = blocks
+        self.num_pinned_blocks += len(blocks)
+        return blocks
 
     def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
                      keys: list[tuple[int, ...]] | None = None) -> None:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Hashable, Protocol
 
 import numpy as np
 
+from jpaged.core.prefix_cache import NO_HIT, PrefixCache, PrefixHit
+
 if TYPE_CHECKING:
-    from jpaged.core.prefix_cache import PrefixCache
     from jpaged.core.row_store import RowStore
     from jpaged.core.swap_space import SwapSpace
 
@@ -63,19 +64,19 @@ class KVCacheManager(Protocol):
         sequences at most, `extra_blocks` more for its other sequences' own blocks. False means
         reject: at the door (`request_checks`), at admission (a recomputed group that outgrew it)."""
 
-    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: PrefixHit = NO_HIT, *, width: int = 1,
                   final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
         """Whether a group that `fits` may start its first sequence now (`num_tokens` long,
         `num_scheduled` of them getting slots this step, `hits` cached), keeping `headroom` blocks
         free (None: the manager's watermark); `extra_blocks` go to its other sequences this step."""
 
-    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+    def admit(self, seq_id: int, hits: PrefixHit = NO_HIT, *, width: int = 1, final_len: int | None = None,
               num_tokens: int | None = None) -> int:
         """Starts a group's first sequence holding its cached prefix; returns its row."""
 
     def match_prefix(self, token_ids: list[int], cache_salt: Hashable = None,
-                     keys: list[tuple[int, ...]] | None = None) -> list[int]:
-        """Cached blocks of the longest whole-block prefix of `token_ids` (empty without a cache)."""
+                     keys: list[tuple[int, ...]] | None = None) -> PrefixHit:
+        """The cached prefix of `token_ids` (`prefix_cache.NO_HIT` without a cache)."""
 
     def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,
                      keys: list[tuple[int, ...]] | None = None) -> None:

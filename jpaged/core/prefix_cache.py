@@ -5,14 +5,31 @@ block of tokens. There is one root per cache salt, so requests with different sa
 (tenants cannot probe each other's prompts through timing). The block manager owns reference
 counts and tells the cache when a cached block loses its last reference (`release_all`) or gains
 one again (`touch`): a node whose block has references is locked; a node without references
-keeps its block cached (off the free list, in `evictable`) until space is needed, then
-unreferenced leaves are evicted, least recently released first. Pure Python: no numpy or jax.
+keeps its block cached (off the free list, in `evictable`) until space is needed, then it is
+evicted in the order of the device tier's `EvictionPolicy` (`jpaged.core.eviction`).
+
+Two tiers. A node lives on the device or, with a host tier (`jpaged.core.host_tier`), in host
+memory: an evicted device block is copied to a host block instead of being dropped, and a match
+that reaches host nodes returns them for promotion (copied back into fresh device blocks at
+admission). Device nodes are the top of the tree (a device node's parent is on the device), so a
+match is device blocks, then host blocks. A device node can go once no device node hangs below
+it; a host node once it is a leaf.
+
+Pinned prefixes (paper §4.4, "pre-stored" shared prefixes): their full blocks hold a reference
+of the pin, so they never go; a pinned prefix that ends inside a block keeps that partial block
+beside the node of its last full block (`tails`), and a prompt that continues the prefix past it
+maps the partial block too, shared copy-on-write (the first token written into it copies it).
+Pure Python: no numpy or jax.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import Hashable, Iterable
+import dataclasses
+import zlib
+from typing import TYPE_CHECKING, Hashable, Iterable, Protocol
+
+if TYPE_CHECKING:
+    from jpaged.core.eviction import EvictionPolicy
 
 
 def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...]] | None = None
@@ -24,32 +41,89 @@ def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...
     return keys
 
 
-class _Node:
-    __slots__ = ("key", "block", "parent", "children")
+class Node:
+    """One cached block of tokens: where it is, what hangs below it (the tree's and the host tier's)."""
 
-    def __init__(self, key: tuple[int, ...] | None, block: int, parent: _Node | None):
+    __slots__ = ("key", "block", "parent", "children", "device_children", "on_host", "reused", "digest", "tails")
+
+    def __init__(self, key: tuple[int, ...] | None, block: int, parent: Node | None, digest: int = 0):
         self.key = key  # the block's token ids (None at a root)
-        self.block = block  # physical block id (-1 at a root)
+        self.block = block  # physical block id on the device, or in the host pool when on_host (-1 at a root)
         self.parent = parent
-        self.children: dict[tuple[int, ...], _Node] = {}
+        self.children: dict[tuple[int, ...], Node] = {}
+        self.device_children = 0  # children on the device (the others are in the host tier)
+        self.on_host = False  # in the host tier
+        self.reused = False  # a prefix hit used it since it was cached (eviction policies may weigh it)
+        self.digest = digest  # identity of the path's content (ARC's ghosts); 0 when no policy asks
+        self.tails: dict[tuple[int, ...], int] | None = None  # pinned partial blocks below: their tokens -> block
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """What a prompt finds cached: device blocks, then host-tier blocks, covering `num_tokens` tokens."""
+
+    blocks: list[int]  # device blocks of the prompt's first tokens, in logical order
+    host_blocks: list[int] = dataclasses.field(default_factory=list)  # host-tier blocks after them (promoted at admission)
+    num_tokens: int = 0  # tokens covered: blocks x block size, less a partial last block's room
+    partial: bool = False  # the last of `blocks` is a pinned prefix's partial block (shared copy-on-write)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the sequence's table the hit fills."""
+        return len(self.blocks) + len(self.host_blocks)
+
+
+NO_HIT = PrefixHit([])
+
+
+class HostStore(Protocol):
+    """The prefix cache's host tier as the tree, the block manager and the scheduler use it
+    (`jpaged.core.host_tier.HostTier`)."""
+
+    policy: EvictionPolicy  # the host tier's eviction order
+
+    def offload(self, node: Node, device_block: int) -> bool:
+        """Moves a node evicted from the device into the tier (False: no room, nothing changed)."""
+
+    def drop_subtree(self, root: Node) -> None:
+        """Drops the host nodes below a node that left the tree."""
+
+    def detach(self, blocks: list[int]) -> list[Node]:
+        """Takes the nodes of matched host blocks out of the tier, for their promotion."""
+
+    def promoted(self, blocks: list[int], device_blocks: list[int]) -> None:
+        """Queues the copies of a promotion."""
+
+    def settle(self) -> None:
+        """Frees the host blocks the last step read or wrote (a step starts being scheduled)."""
+
+    def take_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The (device, host) offloads and (host, device) promotions of the step being scheduled."""
+
+    def stats(self) -> dict[str, int]:
+        """The tier's size, use and traffic (see `HostTier.stats`)."""
+
+
+def root_digest(salt: Hashable) -> int:
+    """The content digest of a salt's root: stable across processes (str hashes are not)."""
+    return zlib.crc32(repr(salt).encode())
 
 
 class PrefixCache:
-    """Radix tree of full blocks with LRU eviction of unreferenced leaves: it evicts only blocks
-    in `evictable` (no live sequence references them), and never hands out a block twice."""
+    """Radix tree of full blocks in one or two tiers; it evicts only blocks no live sequence
+    references, and never hands out a block twice."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, policy: EvictionPolicy, host: HostStore | None = None):
         self.block_size = block_size
-        self._roots: dict[Hashable, _Node] = {}
-        self._node_of_block: dict[int, _Node] = {}
-        # Cached blocks without references (leaves or not): read-only outside the cache (the block
-        # manager counts them as free).
+        self.policy = policy  # the device tier's eviction order
+        self.host = host  # the host tier (None: evicted blocks are dropped)
+        self._digests = policy.tracks_content or (host is not None and host.policy.tracks_content)
+        self._roots: dict[Hashable, Node] = {}
+        self._node_of_block: dict[int, Node] = {}  # device block -> its node
+        # Cached device blocks without references (leaves or not): read-only outside the cache (the
+        # block manager counts them as free).
         self.evictable: set[int] = set()
-        # Unreferenced leaves, least recently released first: O(1) LRU without timestamps (a
-        # block's last use is when its last reference went away). Entries can go stale (a block
-        # re-referenced or given children); evict() skips those.
-        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.num_evictions = 0
+        self.num_evictions = 0  # device blocks evicted (dropped, or moved to the host tier)
 
     # ------------------------------------------------------------------ queries
 
@@ -58,42 +132,77 @@ class PrefixCache:
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks held by the tree (referenced or not)."""
+        """Device blocks held by the tree (referenced or not)."""
         return len(self._node_of_block)
 
     @property
     def num_evictable(self) -> int:
-        """Cached blocks that no sequence references: reclaimable on demand."""
+        """Cached device blocks that no sequence references: reclaimable on demand."""
         return len(self.evictable)
 
-    def match(self, keys: list[tuple[int, ...]], salt: Hashable, max_blocks: int) -> list[int]:
-        """Physical blocks of the longest cached prefix of whole blocks (at most `max_blocks`).
+    def node(self, block: int) -> Node | None:
+        """The node of a cached device block (None if it is not in the tree)."""
+        return self._node_of_block.get(block)
 
-        `keys[i]` is the tuple of token ids of full block i (see `block_keys`).
+    def match(self, keys: list[tuple[int, ...]], salt: Hashable, max_blocks: int,
+              token_ids: list[int] | None = None) -> PrefixHit:
+        """The longest cached prefix of whole blocks (at most `max_blocks`), device blocks first.
+
+        `keys[i]` is the tuple of token ids of full block i (see `block_keys`). With `token_ids`
+        (the prompt), a pinned prefix's partial block continues the match when the prompt goes on
+        past it (one token at least is left to compute).
         """
         node = self._roots.get(salt)
+        if node is None:
+            return NO_HIT
         blocks: list[int] = []
+        host_blocks: list[int] = []
         for key in keys[:max_blocks]:
+            child = node.children.get(key)
+            if child is None:
+                break
+            node = child
+            (host_blocks if child.on_host else blocks).append(child.block)
+        bs = self.block_size
+        if node.tails and token_ids is not None and not host_blocks:
+            start = len(blocks) * bs
+            best = max((t for t in node.tails if start + len(t) < len(token_ids)
+                        and tuple(token_ids[start: start + len(t)]) == t), key=len, default=None)
+            if best is not None:
+                return PrefixHit(blocks + [node.tails[best]], [], start + len(best), True)
+        if not blocks and not host_blocks:
+            return NO_HIT
+        return PrefixHit(blocks, host_blocks, (len(blocks) + len(host_blocks)) * bs)
+
+    def path(self, keys: list[tuple[int, ...]], salt: Hashable) -> list[Node]:
+        """The nodes of `keys` from the salt's root, as far as the tree holds them."""
+        nodes, node = [], self._roots.get(salt)
+        for key in keys:
             node = node.children.get(key) if node is not None else None
             if node is None:
                 break
-            blocks.append(node.block)
-        return blocks
+            nodes.append(node)
+        return nodes
 
     # ------------------------------------------------------------------ updates
 
     def touch(self, blocks: list[int]) -> None:
-        """Marks the blocks of a matched prefix as referenced again (not evictable)."""
+        """Marks the device blocks of a matched prefix as referenced again (not evictable) and reused."""
+        node_of_block = self._node_of_block
         for block in blocks:
-            self.evictable.discard(block)
-            self._lru.pop(block, None)
+            node = node_of_block.get(block)
+            if node is not None:  # (a pinned partial block is no node)
+                self.evictable.discard(block)
+                self.policy.discard(block)
+                node.reused = True
 
     def insert(self, keys: list[tuple[int, ...]], blocks: Iterable[int], salt: Hashable,
-               resume: tuple[_Node, int] | None = None) -> tuple[_Node, int] | None:
+               resume: tuple[Node, int] | None = None) -> tuple[Node, int] | None:
         """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
 
-        Where the tree already caches the same tokens in another physical block, insertion stops:
-        the tree keeps its first copy, and the sequence's own blocks are freed normally.
+        Where the tree already caches the same tokens in another physical block (on the device or
+        in the host tier), insertion stops: the tree keeps its first copy, and the sequence's own
+        blocks are freed normally.
 
         `resume` is what an earlier insert of the same (still resident) sequence returned: its
         first blocks are already in the tree as its own, referenced and so never evicted, and
@@ -104,7 +213,7 @@ class PrefixCache:
         if resume is None:
             node, done = self._roots.get(salt), 0
             if node is None:
-                node = self._roots[salt] = _Node(None, -1, None)
+                node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
         else:
             node, done = resume
         for key, block in zip(keys, blocks):
@@ -112,29 +221,38 @@ class PrefixCache:
             if child is None:
                 if block in self._node_of_block:  # already cached under another prefix
                     break
-                child = _Node(key, block, node)
+                child = Node(key, block, node, hash((node.digest, key)) if self._digests else 0)
                 node.children[key] = child
+                node.device_children += 1
                 self._node_of_block[block] = child
-            elif child.block != block:
+                if self._digests:
+                    self.policy.entered(child.digest)
+            elif child.block != block or child.on_host:
                 # Same tokens, another physical copy: stop here. Below a node, every block a
                 # sequence references keeps its ancestors referenced too, so unreferenced
-                # nodes can always be evicted leaf by leaf (num_evictable is exact).
+                # nodes can always be evicted from the bottom up (num_evictable is exact).
                 break
             node = child
             done += 1
         return (node, done) if done else None
 
-    def release(self, block: int) -> None:
-        """Called when a cached block loses its last reference: it stays cached, evictable."""
-        node = self._node_of_block[block]
-        self.evictable.add(block)
-        if not node.children:
-            self._lru[block] = None
+    def pin_tail(self, keys: list[tuple[int, ...]], salt: Hashable, tokens: tuple[int, ...], block: int) -> None:
+        """Keeps `block`, holding `tokens` (fewer than a block) after the full blocks `keys` of a
+        pinned prefix, for prompts that continue past it (the caller holds its reference)."""
+        nodes = self.path(keys, salt)
+        node = nodes[-1] if nodes else self._roots.get(salt)
+        if node is None:
+            node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+        if len(nodes) != len(keys) or any(n.on_host for n in nodes):
+            raise ValueError("pin_tail: the pinned prefix's full blocks must be cached on the device")
+        if node.tails is None:
+            node.tails = {}
+        node.tails[tokens] = block
 
     def release_all(self, blocks: list[int]) -> list[int]:
-        """`release` of each cached block among `blocks` (which lost their last references);
-        returns the others, which the caller frees."""
-        node_of_block, evictable, lru = self._node_of_block, self.evictable, self._lru
+        """Marks each cached device block among `blocks` (which lost their last references)
+        evictable; returns the others, which the caller frees."""
+        node_of_block, evictable, policy = self._node_of_block, self.evictable, self.policy
         uncached = []
         for block in blocks:
             node = node_of_block.get(block)
@@ -142,35 +260,55 @@ class PrefixCache:
                 uncached.append(block)
                 continue
             evictable.add(block)
-            if not node.children:
-                lru[block] = None
+            if not node.device_children:
+                policy.add(block, node.reused)
         return uncached
 
     def evict(self) -> int | None:
-        """Removes the least recently released unreferenced leaf; returns its block (None if none)."""
+        """Evicts the device tier's next candidate; returns its block (None if none)."""
         blocks = self.evict_many(1)
         return blocks[0] if blocks else None
 
     def evict_many(self, count: int) -> list[int]:
-        """Removes up to `count` unreferenced leaves, least recently released first (a parent that
-        becomes a leaf queues behind them); returns their blocks."""
+        """Evicts up to `count` unreferenced device blocks with no device block below them, in the
+        policy's order (a parent that becomes a candidate joins the policy behind them); each goes
+        to the host tier when it has room, else it is dropped. Returns the freed device blocks."""
         evicted: list[int] = []
-        lru, node_of_block, evictable = self._lru, self._node_of_block, self.evictable
-        while lru and len(evicted) < count:
-            block, _ = lru.popitem(last=False)
+        node_of_block, evictable, policy, host = self._node_of_block, self.evictable, self.policy, self.host
+        while len(evicted) < count:
+            block = policy.victim()
+            if block is None:
+                break
             if block not in evictable:
                 continue  # stale entry: re-referenced, or gone
             node = node_of_block[block]
-            if node.children:
+            if node.device_children:
                 continue  # stale entry: it gained children since (it is queued again when it loses them)
             parent = node.parent
-            del parent.children[node.key]
             del node_of_block[block]
             evictable.discard(block)
             evicted.append(block)
-            if parent.block >= 0 and not parent.children and parent.block in evictable:
-                # Now a leaf: queued behind the blocks released since, so a shared prefix
+            policy.left(node.digest, node.reused)
+            parent.device_children -= 1
+            if host is None or not host.offload(node, block):
+                del parent.children[node.key]
+                if node.children:  # (host nodes below: unreachable without it)
+                    host.drop_subtree(node)
+            if parent.block >= 0 and not parent.device_children and parent.block in evictable:
+                # Now a candidate: queued behind the blocks released since, so a shared prefix
                 # outlives the tails that hung below it.
-                lru[parent.block] = None
+                policy.add(parent.block, parent.reused)
         self.num_evictions += len(evicted)
         return evicted
+
+    def promote(self, nodes: list[Node], blocks: list[int]) -> None:
+        """Makes `nodes`, detached from the host tier (`HostTier.detach`, a matched path in order),
+        device nodes holding `blocks`, referenced by the sequence that matched them."""
+        node_of_block = self._node_of_block
+        for node, block in zip(nodes, blocks):
+            node.block = block
+            node.parent.device_children += 1
+            node.reused = True
+            node_of_block[block] = node
+            if self._digests:
+                self.policy.entered(node.digest)

@@ -41,7 +41,7 @@ from jpaged.core.rejoin import Rejoin
 from jpaged.core.running_batch import RunningBatch
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_draft import StepDraft
-from jpaged.core.step_plan import StepPlan
+from jpaged.core.step_plan import StepPlan, pairs_array
 
 _NO_LIMIT = 1 << 62
 
@@ -68,8 +68,11 @@ class Scheduler:
         self.block_manager: KVCacheManager = kv_manager or BlockManager(
             cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
             watermark=cache.watermark, max_seqs=config.max_num_seqs,
-            enable_prefix_caching=cache.enable_prefix_caching)
+            enable_prefix_caching=cache.enable_prefix_caching, num_host_cache_blocks=cache.num_host_cache_blocks,
+            eviction_policy=cache.eviction_policy)
         self.prefix_caching = self.block_manager.prefix_cache is not None
+        # The prefix cache's host tier, whose copies join each step's plan (None: no tier).
+        self.host_tier = self.block_manager.prefix_cache.host if self.prefix_caching else None
         self.chunked = config.policy == "chunked"
         self.chunk_limit = config.long_prefill_token_threshold or _NO_LIMIT  # most new tokens per sequence per step
         self.running_batch = RunningBatch(self.block_manager)
@@ -147,7 +150,23 @@ class Scheduler:
         return self.schedule_step()
 
     def schedule_step(self) -> SchedulerOutput:
-        """The three passes (policies that gate admission override `schedule` around this)."""
+        """The three passes (policies that gate admission override `schedule` around this), and
+        the host tier's copies of the step: offloads of the device blocks it evicted, promotions of
+        the host blocks its admissions matched (swapped in with the swapped groups)."""
+        tier = self.host_tier
+        if tier is None:
+            return self._passes()
+        tier.settle()  # host blocks the last step read or wrote are free again
+        out = self._passes()
+        offloads, promotions = tier.take_ops()
+        if offloads:
+            out.plan.offload_pairs = pairs_array(offloads)
+        if promotions:
+            out.plan.swap_in_pairs = pairs_array(out.plan.swap_in_pairs.tolist() + promotions)
+        return out
+
+    def _passes(self) -> SchedulerOutput:
+        """The decode fast path, or the three passes."""
         held_back = None
         batch = self.running_batch.steady(self.swapped)
         if batch is not None:

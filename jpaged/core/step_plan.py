@@ -134,6 +134,9 @@ class StepPlan:
     copy_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (src, dst) device blocks, copy-on-write
     swap_in_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (host, device) blocks to copy in
     swap_out_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)  # i32[P, 2] (device, host) blocks to copy out
+    # i32[P, 2] (device, host): prefix-cache blocks evicted to the host tier, copied out first of all
+    # (before the swap-outs: a swap-out may reuse a host block the tier gave back in this step)
+    offload_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)
     seqs: list[Sequence] = dataclasses.field(default_factory=list)  # the batch's sequences, row by row
 
     @classmethod
@@ -184,15 +187,17 @@ class StepPlan:
 
     @classmethod
     def block_ops_only(cls, *, copy: Seq[tuple[int, int]] = (), swap_in: Seq[tuple[int, int]] = (),
-                       swap_out: Seq[tuple[int, int]] = ()) -> StepPlan:
+                       swap_out: Seq[tuple[int, int]] = (), offload: Seq[tuple[int, int]] = ()) -> StepPlan:
         """A plan that runs no sequence, only block copies: copy-on-write pairs (src, dst), swap-in
-        pairs (host, device) and swap-out pairs (device, host). Its arrays have the smallest bucket shape."""
+        pairs (host, device), swap-out and offload pairs (device, host). Its arrays have the smallest
+        bucket shape."""
         size = bucket(0)
         zeros = np.zeros(size, np.int32)
         return cls(num_seqs=0, num_tokens=0, max_query_len=0, token_ids=zeros, positions=zeros, slot_mapping=zeros,
                    query_start_loc=np.zeros(size + 1, np.int32), context_lens=zeros,
                    block_tables=np.zeros((size, 1), np.int32), logits_indices=zeros, copy_pairs=pairs_array(copy),
-                   swap_in_pairs=pairs_array(swap_in), swap_out_pairs=pairs_array(swap_out))
+                   swap_in_pairs=pairs_array(swap_in), swap_out_pairs=pairs_array(swap_out),
+                   offload_pairs=pairs_array(offload))
 
     def device_arrays(self) -> dict[str, np.ndarray]:
         """The arrays the device reads, by name (`DEVICE_ARRAYS`)."""
@@ -210,8 +215,9 @@ class StepPlan:
 
     @property
     def has_block_ops(self) -> bool:
-        """True when the step copies or swaps blocks."""
-        return bool(len(self.copy_pairs) or len(self.swap_in_pairs) or len(self.swap_out_pairs))
+        """True when the step copies, swaps or offloads blocks."""
+        return bool(len(self.copy_pairs) or len(self.swap_in_pairs) or len(self.swap_out_pairs)
+                    or len(self.offload_pairs))
 
     @property
     def query_lens(self) -> np.ndarray:

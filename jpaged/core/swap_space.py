@@ -4,8 +4,15 @@ A group is swapped out whole: every distinct device block of its sequences is co
 host block (a block shared inside the group stays shared on the host, with the same count), the
 sequences give up their rows and device references, and each keeps a host table (its host blocks
 and token count). Swapping in reverses it into fresh device blocks and rows. The moves return the
-(src, dst) block pairs the executor copies before the step. Host blocks are never cached: the
-prefix cache lives on the device. Pure Python + numpy: no jax import.
+(src, dst) block pairs the executor copies before the step.
+
+The pool also serves the prefix cache's host tier (`jpaged.core.host_tier`, when there is one):
+its blocks are unreferenced, so a swap-out takes them back when free blocks run short; they
+count as free here. With a tier, a host block freed while the step being scheduled may still
+read it (a swap-in, a promotion) or write it (an offload) waits for the next step (`settle`):
+the executor runs a step's copies out before its copies in, so it must not be reused in the
+same step. Without a tier nothing is copied out after a swap-in in one step, and blocks are
+free at once. Pure Python + numpy: no jax import.
 """
 
 from __future__ import annotations
@@ -38,6 +45,17 @@ class DevicePool(Protocol):
         """Zeroes and frees a row its sequence gave up."""
 
 
+class CachedBlocks(Protocol):
+    """What the swap space asks of the prefix cache's host tier (`jpaged.core.host_tier.HostTier`)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Host blocks the tier holds (all of them evictable)."""
+
+    def evict(self, count: int) -> list[int]:
+        """Drops up to `count` of its blocks; returns them (the caller owns them now)."""
+
+
 class SwapSpace:
     """Host blocks, their reference counts and the host tables of swapped-out sequences."""
 
@@ -45,9 +63,11 @@ class SwapSpace:
         if num_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_blocks}")
         self.device = device  # the device pool the blocks move between
-        self.num_blocks = num_blocks  # host blocks (0: no swap space)
+        self.num_blocks = num_blocks  # host blocks (0: no swap space), the host tier's included
         self._refs, self.refcount = int32_cells((num_blocks,))  # [H] references from host tables
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest id first
+        self.tier: CachedBlocks | None = None  # the prefix cache's host tier, set by its block manager
+        self._settling: list[int] = []  # with a tier: blocks freed in the step being scheduled
         self._tables: dict[int, tuple[list[int], int]] = {}  # swapped seq id -> (host blocks, tokens)
         # Seq ids swapped out together -> their distinct host blocks: a group is usually retried
         # every step until it fits, so its count is remembered while all of them stay swapped.
@@ -55,8 +75,27 @@ class SwapSpace:
 
     @property
     def num_free_blocks(self) -> int:
-        """Free host blocks."""
+        """Host blocks no swapped sequence holds: free ones, and the host tier's (as good as free)."""
+        return len(self._free) + len(self._settling) + (self.tier.num_blocks if self.tier is not None else 0)
+
+    @property
+    def num_unused_blocks(self) -> int:
+        """Host blocks free for taking now (neither swapped out, cached, nor freed this step)."""
         return len(self._free)
+
+    def take_unused(self) -> int:
+        """A free host block (the host tier's; the caller checked `num_unused_blocks`)."""
+        return self._free.pop()
+
+    def release_later(self, block: int) -> None:
+        """Frees a host block once the next step is scheduled (`settle`)."""
+        self._settling.append(block)
+
+    def settle(self) -> None:
+        """Frees the blocks released in the last step (called as a step starts being scheduled)."""
+        if self._settling:
+            self._free += self._settling
+            self._settling.clear()
 
     def holds(self, seq_id: int) -> bool:
         """True when `seq_id` is swapped out (holds host blocks)."""
@@ -67,7 +106,7 @@ class SwapSpace:
         if self.num_blocks == 0:
             return False
         blocks, _ = _unique_blocks(self.device.rows.table, seq_ids)
-        return len(blocks) <= len(self._free)
+        return len(blocks) <= len(self._free) + (self.tier.num_blocks if self.tier is not None else 0)
 
     def swap_out(self, seq_ids: list[int]) -> list[tuple[int, int]]:
         """Moves a group's sequences to host memory, all or nothing; returns (device, host) copy pairs.
@@ -81,8 +120,12 @@ class SwapSpace:
         for s in seq_ids:
             rows.row_of(s)
         blocks, counts = _unique_blocks(rows.table, seq_ids)
-        if len(blocks) > len(self._free):
-            raise ValueError(f"cannot swap out: {len(blocks)} blocks needed, {len(self._free)} host blocks free")
+        short = len(blocks) - len(self._free)
+        if short > 0:  # the host tier gives back cached blocks (its leaves: never a swapped one)
+            if self.tier is None or self.tier.num_blocks < short:
+                raise ValueError(f"cannot swap out: {len(blocks)} blocks needed, {self.num_free_blocks} host "
+                                 f"blocks free")
+            self._free += self.tier.evict(short)
         host_of = {}
         for block, count in zip(blocks.tolist(), counts.tolist()):
             host = self._free.pop()
@@ -148,12 +191,14 @@ class SwapSpace:
             del self._sets[key]
 
     def _release(self, blocks: list[int]) -> None:
-        """Decrements each host block once (distinct blocks) and frees those that reach 0."""
+        """Decrements each host block once (distinct blocks) and frees those that reach 0 (with a
+        host tier, from the next step on: this one may read them)."""
         refs = self._refs
+        free = self._free if self.tier is None else self._settling
         for block in blocks:
             refs[block] -= 1
             if not refs[block]:
-                self._free.append(block)
+                free.append(block)
 
 
 def _unique_blocks(table_of: Callable[[int], list[int] | np.ndarray], seq_ids: list[int]

@@ -30,6 +30,11 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
     engine.add_argument("--enable-prefix-caching", action="store_true", default=None)
+    engine.add_argument("--num-host-cache-blocks", type=int,
+                        help="host blocks of the prefix cache's second tier (evicted blocks kept in host memory)")
+    engine.add_argument("--eviction-policy", choices=["lru", "arc"], help="both prefix-cache tiers' eviction order")
+    engine.add_argument("--pin-prefix", action="append", dest="pinned_prefixes", metavar="TEXT",
+                        help="pre-store this prompt prefix in the prefix cache, never evicted (repeatable)")
     engine.add_argument("--policy", choices=["paper", "chunked"])
     engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
     engine.add_argument("--attention-backend")

@@ -4,9 +4,10 @@ What `jpaged.LLM`, `AsyncLLMEngine.from_model` and `jpaged serve` share. `model`
 (jpaged.config.presets: dummy seeded weights, no tokenizer) or a local Hugging Face directory
 (config.json + safetensors; tokenizer.json when it has one). Engine arguments are the fields of
 ModelConfig, CacheConfig and SchedulerConfig by name (`block_size=32`, `max_num_seqs=64`,
-`enable_prefix_caching=True`, `dtype="bfloat16"`, ...); they override an optional base `config`
-(an EngineConfig or the path of its YAML). The executor is the real (JAX) one. Pure Python: the
-model loads only when `load_engine` builds the executor. (The paper's systems, simulated or not,
+`enable_prefix_caching=True`, `num_host_cache_blocks=4096`, `eviction_policy="arc"`,
+`dtype="bfloat16"`, ...); they override an optional base `config` (an EngineConfig or the path of
+its YAML). `load_engine` also pre-stores `pinned_prefixes`. The executor is the real (JAX) one.
+Pure Python: the model loads only when `load_engine` builds the executor. (The paper's systems, simulated or not,
 are built by `jpaged.paper.systems.build_engine`.)
 """
 
@@ -15,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, load_config
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
+from jpaged.text.output_processor import prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -109,11 +112,19 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer | None
 
 
 def load_engine(model: str, config: EngineConfig | str | Path | None = None, tokenizer: str | None = None,
-                **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
-    """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None)."""
+                pinned_prefixes: Sequence[str | Sequence[int]] = (), **engine_args: Any
+                ) -> tuple[LLMEngine, Tokenizer | None]:
+    """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None).
+
+    `pinned_prefixes` (texts, encoded as prompts are, or token id lists) are pre-stored in the
+    prefix cache before the engine serves (`LLMEngine.pin_prefix`; needs enable_prefix_caching).
+    """
     text = load_tokenizer(model, tokenizer)
     engine = LLMEngine(engine_config(model, config, **engine_args),
                        eos_token_ids=text.eos_token_ids if text is not None else ())
     if text is not None and engine.vocab_size is not None and text.vocab_size > engine.vocab_size:
         raise ValueError(f"tokenizer: {text.vocab_size} ids do not fit the model's vocabulary of {engine.vocab_size}")
+    for i, prefix in enumerate(pinned_prefixes):
+        ids, _ = prompt_ids(prefix, text, f"pinned_prefixes[{i}]")
+        engine.pin_prefix(ids)
     return engine, text

@@ -49,11 +49,19 @@ class LLM:
                  tokenizer: str | None = None, **engine_args: Any):
         """`model`: a preset name or a local HF directory; `config`: a base EngineConfig or its YAML;
         `tokenizer`: another local HF directory to take the tokenizer from; `engine_args`: config
-        fields by name (block_size, num_blocks, max_num_seqs, max_model_len, dtype, policy, ...)."""
+        fields by name (block_size, num_blocks, max_num_seqs, max_model_len, dtype, policy, ...) and
+        `pinned_prefixes` (texts or token id lists pre-stored before serving: `pin_prefix`)."""
         self.model = model
         self.engine, self.tokenizer = load_engine(model, config, tokenizer, **engine_args)
         self._processor = OutputProcessor(self.engine, self.tokenizer)
         self._num_requests = 0
+
+    def pin_prefix(self, prefix: PromptLike) -> int:
+        """Pre-stores `prefix` (text, encoded as prompts are, or token ids) in the prefix cache,
+        never evicted: prompts that start with it compute none of it (`LLMEngine.pin_prefix`;
+        needs enable_prefix_caching). Returns the blocks pinned."""
+        token_ids, _ = prompt_ids(prefix, self.tokenizer, "prefix")
+        return self.engine.pin_prefix(token_ids)
 
     def get_tokenizer(self) -> Tokenizer | None:
         """The model's tokenizer (None for a preset with dummy weights)."""

@@ -1,9 +1,12 @@
 """The real executor: block operations on the KV pool, then the jitted model step, on CPU or GPU(s).
 
-The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host swap space has the same
-layout in host (numpy) memory. After the model step, the plan's sample rows are sampled on device
-(jpaged.executors.sampling): only token ids and log-probabilities come back to the host. Block operations run in the order the scheduler relies on:
-swap out (frees device blocks), swap in (may reuse them), copy-on-write, then the model writes.
+The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host pool (swap space and
+the prefix cache's host tier) has the same layout in host (numpy) memory. After the model step,
+the plan's sample rows are sampled on device (jpaged.executors.sampling): only token ids and
+log-probabilities come back to the host. Block operations run in the order the scheduler relies
+on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out
+may reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
+blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
 
 With `model.tensor_parallel_size > 1` (jpaged.models.parallel) the weights and the pool are split over a
@@ -108,10 +111,12 @@ class JaxExecutor:
         heads = [range(self.spec.num_kv_heads)[index[1]] for index in shards.values()]
         self._first_head = min(h.start for h in heads)
         num_local = max(h.stop for h in heads) - self._first_head
-        shape = (self.spec.num_layers, num_local, cache.num_host_blocks, cache.block_size, self.spec.head_dim)
-        _check_fits("cache.num_host_blocks", cache.num_host_blocks, 2 * int(np.prod(shape[:2] + shape[3:]))
-                    * self.dtype.itemsize, _host_bytes(), "host memory")
-        self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] swap space in host memory
+        num_host = cache.num_host_blocks + cache.num_host_cache_blocks  # one pool: swap space + host tier
+        shape = (self.spec.num_layers, num_local, num_host, cache.block_size, self.spec.head_dim)
+        _check_fits("cache.num_host_cache_blocks" if cache.num_host_cache_blocks else "cache.num_host_blocks",
+                    num_host, 2 * int(np.prod(shape[:2] + shape[3:])) * self.dtype.itemsize, _host_bytes(),
+                    "host memory")
+        self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
         self._start = time.perf_counter()
@@ -126,12 +131,14 @@ class JaxExecutor:
         return time.perf_counter() - self._start
 
     def execute(self, plan: StepPlan) -> ModelOutput:
-        """Applies swap-out, swap-in and copy-on-write, runs the step and samples on device."""
+        """Applies offloads, swap-outs, swap-ins and copy-on-write, runs the step and samples on device."""
         start = time.perf_counter()
         # Host-side inputs first: if a request's sampling settings cannot become device arrays, this
         # raises before any state changed, and the engine can fail that request and run the plan again.
         batch = plan.sampling.batch if plan.sampling is not None else None
         k_pool, v_pool = self.kv_pool
+        if len(plan.offload_pairs):
+            self._swap_out(k_pool, v_pool, plan.offload_pairs)
         if len(plan.swap_out_pairs):
             self._swap_out(k_pool, v_pool, plan.swap_out_pairs)
         if len(plan.swap_in_pairs):

@@ -166,8 +166,8 @@ class PrefixCachingMachine(BlockManagerMachine):
         if self.bm.fits(len(prompt)) and self.bm.can_admit(len(prompt), len(prompt), hits):
             seq = self._new_id()
             allocate(self.bm, seq, len(prompt), hits)
-            assert len(hits) * BLOCK_SIZE < len(prompt)
-            assert list(self.bm.rows.table(seq)[: len(hits)]) == hits
+            assert hits.num_tokens < len(prompt)
+            assert list(self.bm.rows.table(seq)[: len(hits.blocks)]) == hits.blocks
             self.bm.cache_blocks(seq, prompt, salt)
             self.resident.add(seq)
 

@@ -1,8 +1,9 @@
 """Liveness under random load (hypothesis): random add_request / abort / step with random sampling
 (n up to 8, beams, temperatures, shared prefixes, salts, max_tokens) on tiny pools, both
-preemption modes, both policies, with and without swap space. After a bounded number of steps every
-request has ended (finished, refused at the door, ended with an error, or aborted), every block is
-free, and at every step refcounts equal the references of the block tables and no write lands in
+preemption modes, both policies, with and without swap space, with and without the prefix cache's
+host tier (either eviction policy). After a bounded number of steps every request has ended
+(finished, refused at the door, ended with an error, or aborted), every block is free, and at
+every step refcounts equal the references of the block tables and no write lands in
 a slot that another holder of the block sees differently: every sequence holding a written block
 has the same tokens up to the written position (copy-on-write ran before divergent writes; a
 prefix-cache hit or a recomputed beam sharing a block written in the same step reads exactly
@@ -113,11 +114,14 @@ def sampling_params(draw):
 def scenarios(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_num_seqs = draw(st.integers(1, 12))
+    prefix_caching = draw(st.booleans())
     config = EngineConfig(
         cache=CacheConfig(block_size=block_size, num_blocks=draw(st.integers(64 // block_size + 2, 200 // block_size)),
                           num_host_blocks=draw(st.sampled_from([0, 8, 200])),
                           watermark=draw(st.sampled_from([0.0, 0.05])),
-                          enable_prefix_caching=draw(st.booleans())),
+                          enable_prefix_caching=prefix_caching,
+                          num_host_cache_blocks=draw(st.sampled_from([0, 4, 64])) if prefix_caching else 0,
+                          eviction_policy=draw(st.sampled_from(["lru", "arc"]))),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
                                   max_num_batched_tokens=draw(st.integers(max(max_num_seqs, 4), 96)),
                                   max_model_len=64, preemption_mode=draw(st.sampled_from(["swap", "recompute"])),

@@ -122,3 +122,19 @@ def test_a_preset_without_tokenizer_takes_token_ids_only():
     assert len(out.token_ids) == 4 and out.text == ""
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate("text", use_tqdm=False)
+
+
+def test_pinned_prefixes_are_pre_stored_and_change_no_token(llm):
+    system = "# A careful Python programmer writes small, tested functions.\n"
+    prompts = [system + "def add(a, b):", system + "import sys\n"]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    pinned = LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla",
+                 enable_prefix_caching=True, pinned_prefixes=[system])
+    length = len(pinned.get_tokenizer().encode(system))
+    assert pinned.engine.kv_stats()["num_pinned_blocks"] == -(-length // 16)
+    assert pinned.pin_prefix(system) == -(-length // 16)  # pinned already: nothing changes
+    assert [o.outputs[0].token_ids for o in pinned.generate(prompts, params, use_tqdm=False)] == expected
+    assert pinned.engine.kv_stats()["prefix_cached_tokens"] >= 2 * (length // 16) * 16
+    with pytest.raises(ValueError, match="pinned_prefixes"):
+        LLM(str(ASSET), num_blocks=128, block_size=16, enable_prefix_caching=True, pinned_prefixes=[""])

@@ -78,6 +78,24 @@ def test_shared_prefix_tiny(tmp_path):
     assert vllm["prefix_cache_hit_rate"] > 0.5  # 5 of the prompt's ~6.5 blocks come from the cache
     trace = shared_prefix.make_trace(config, 80, 5.0)
     assert all((r.prompt_token_ids[:80] == trace[0].prompt_token_ids[:80]).all() for r in trace)
+    assert (trace[0].prompt_token_ids[:80] == shared_prefix.make_prefix(config, 80)).all()
+
+
+def test_shared_prefix_pinned_serves_the_partial_block_from_the_cache(tmp_path):
+    # 85 = 5 blocks of 16 + 5 tokens: cached on use, every prompt recomputes the 5; pre-stored, none.
+    rates = {"vllm_85": [5.0]}
+    hit = {}
+    for pin in (False, True):
+        config = shared_prefix.SharedPrefixConfig(prefix_lens=[85], systems=["vllm"], rates=rates, duration_s=10.0,
+                                                  pin_prefix=pin, output=str(tmp_path / f"{pin}.json"),
+                                                  figure=str(tmp_path / f"{pin}.png"))
+        (point,) = shared_prefix.run(config)["points"]
+        assert point["prefix_pinned"] is pin
+        hit[pin] = point["prefix_cache_hit_rate"]
+        prompt_tokens = sum(r.prompt_len for r in shared_prefix.make_trace(config, 85, 5.0))
+        num_requests = len(shared_prefix.make_trace(config, 85, 5.0))
+    assert hit[True] == pytest.approx(85 * num_requests / prompt_tokens)  # the whole prefix, first request too
+    assert hit[False] == pytest.approx(80 * (num_requests - 1) / prompt_tokens)
 
 
 def test_block_size_tiny(tmp_path):

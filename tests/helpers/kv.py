@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.core.block_manager import BlockManager
+from jpaged.core.prefix_cache import NO_HIT, PrefixHit
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 
 
-def allocate(bm: BlockManager, seq_id: int, num_tokens: int, hits: list[int] = ()) -> int:
+def allocate(bm: BlockManager, seq_id: int, num_tokens: int, hits: PrefixHit = NO_HIT) -> int:
     """`admit` with the cached prefix `hits`, then slots for the first `num_tokens` tokens (at least
     the cached ones); returns the row. The caller checked `fits` and `can_admit`."""
     row = bm.admit(seq_id, hits)
-    if num_tokens > len(hits) * bm.block_size:
-        assert bm.append_slots(np.array([row]), np.array([num_tokens - len(hits) * bm.block_size])) is not None
+    if num_tokens > hits.num_tokens:
+        assert bm.append_slots(np.array([row]), np.array([num_tokens - hits.num_tokens])) is not None
     return row
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from jpaged.core.decode_cursor import AppendCursor
+from jpaged.core.prefix_cache import NO_HIT, PrefixHit
 from jpaged.core.row_store import RowStore
 from jpaged.paper.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
 
@@ -94,9 +95,9 @@ class ContiguousBlockManager:
 
     # ------------------------------------------------------------------ admission
 
-    def match_prefix(self, token_ids: list[int], cache_salt=None, keys=None) -> list[int]:
-        """Always empty: the contiguous baselines share no prefix."""
-        return []
+    def match_prefix(self, token_ids: list[int], cache_salt=None, keys=None) -> PrefixHit:
+        """Always NO_HIT: the contiguous baselines share no prefix."""
+        return NO_HIT
 
     def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
         """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` could
@@ -109,7 +110,7 @@ class ContiguousBlockManager:
         k = order_of(self.reserved_blocks(num_tokens, final_len))
         return k <= self.buddy.max_order and self.buddy.num_units >> k >= width
 
-    def can_admit(self, num_tokens: int, num_scheduled: int, hits: list[int] = (), *, width: int = 1,
+    def can_admit(self, num_tokens: int, num_scheduled: int, hits: PrefixHit = NO_HIT, *, width: int = 1,
                   final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
         """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` fit now.
 
@@ -124,7 +125,7 @@ class ContiguousBlockManager:
             return self.buddy.can_allocate(1 << k)
         return sum(units >> k for _, units in self.buddy.free_blocks()) >= width
 
-    def admit(self, seq_id: int, hits: list[int] = (), *, width: int = 1, final_len: int | None = None,
+    def admit(self, seq_id: int, hits: PrefixHit = NO_HIT, *, width: int = 1, final_len: int | None = None,
               num_tokens: int | None = None) -> int:
         """Reserves a region for a new sequence of `num_tokens` tokens growing to `final_len`, plus
         `width - 1` spare regions for the sequences its group forks into; returns its row. Its

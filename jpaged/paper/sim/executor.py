@@ -52,15 +52,21 @@ class SimExecutor:
         self.num_steps = 0  # steps executed, including block-op-only steps
 
     def execute(self, plan: StepPlan) -> ModelOutput:
-        """Advances the clock by the plan's swap, copy and model time; samples synthetic tokens."""
+        """Advances the clock by the plan's swap, copy and model time; samples synthetic tokens.
+
+        Swap-outs, swap-ins (swapped groups and promoted prefix-cache blocks) and copies come
+        before the model step, which waits for them. The host tier's offloads (evicted cached
+        blocks copied out) run beside the step on the device-to-host direction of the link, as a
+        copy stream ahead of the blocks' reuse does (vLLM's KV offloading, SGLang HiCache's
+        write-back): the step takes the longer of the two."""
         rows = plan.sampling
         # Synthetic samples before the clock moves: a failure leaves the executor as it was.
         top_ids, top_logprobs = self.candidates(rows) if rows is not None and rows.num_top else (None, None)
         cost = self.cost_model
         duration = (cost.swap_time(len(plan.swap_out_pairs)) + cost.swap_time(len(plan.swap_in_pairs))
                     + cost.copy_time(len(plan.copy_pairs)))
-        if plan.num_seqs:  # any mix of prompt chunks and decodes, priced in one step
-            duration += cost.step_time(plan.query_lens, plan.context_lens[: plan.num_seqs])
+        model = cost.step_time(plan.query_lens, plan.context_lens[: plan.num_seqs]) if plan.num_seqs else 0.0
+        duration += max(model, cost.swap_time(len(plan.offload_pairs))) if len(plan.offload_pairs) else model
         self._clock += duration
         self.busy_s += duration
         self.num_steps += 1

@@ -1,0 +1,3 @@
+from experiments.conversation import main
+
+main()
