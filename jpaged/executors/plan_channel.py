@@ -43,7 +43,7 @@ class FollowerLost(RuntimeError):
     """A follower died, hung or failed: the processes cannot run another step together."""
 
 
-def _send(sock: socket.socket, kind: int, *buffers: bytes | memoryview) -> None:
+def send_frame(sock: socket.socket, kind: int, *buffers: bytes | memoryview) -> None:
     """One frame: its header, then `buffers` back to back."""
     size = sum(memoryview(b).nbytes for b in buffers)
     sock.sendall(_FRAME.pack(kind, size))
@@ -69,7 +69,7 @@ def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None 
     return data
 
 
-def _recv(sock: socket.socket, closing: threading.Event | None = None) -> tuple[int, bytearray]:
+def recv_frame(sock: socket.socket, closing: threading.Event | None = None) -> tuple[int, bytearray]:
     """One frame: (kind, payload)."""
     kind, size = _FRAME.unpack(_recv_exact(sock, _FRAME.size, closing))
     return kind, _recv_exact(sock, size, closing)
@@ -136,7 +136,7 @@ class PlanServer:
         welcome = json.dumps({"heartbeat_interval": timeout / 4}).encode()
         for sock in self._followers.values():
             sock.settimeout(timeout)  # a send to a follower that stopped reading fails within the bound
-            _send(sock, WELCOME, welcome)
+            send_frame(sock, WELCOME, welcome)
         now = time.monotonic()
         for rank, sock in self._followers.items():
             self._acked[rank], self._heard[rank] = 0, now
@@ -156,7 +156,7 @@ class PlanServer:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                kind, payload = _recv(sock)
+                kind, payload = recv_frame(sock)
                 hello = _json(payload) if kind == HELLO else {}
             except (OSError, ValueError) as exc:
                 logger.warning("ignoring a connection from %s that did not say hello: %s", peer, exc)
@@ -171,7 +171,7 @@ class PlanServer:
                 mismatch = config_mismatch(self._config, hello.get("config", {}))
                 problem = f"config mismatch between process 0 and process {rank}: {mismatch}" if mismatch else None
             if problem:
-                _send(sock, REFUSE, json.dumps({"error": problem}).encode())
+                send_frame(sock, REFUSE, json.dumps({"error": problem}).encode())
                 sock.close()
                 raise ValueError(problem)
             self._followers[rank] = sock
@@ -186,7 +186,7 @@ class PlanServer:
             self._sent_at[self._step] = time.monotonic()
             for rank, sock in self._followers.items():
                 try:
-                    _send(sock, PLAN, *buffers)
+                    send_frame(sock, PLAN, *buffers)
                 except OSError as exc:
                     self._fail(rank, f"sending step {self._step} failed: {exc!r}")
                     raise self.error from exc
@@ -197,7 +197,7 @@ class PlanServer:
         with self._lock:
             for sock in self._followers.values():
                 try:
-                    _send(sock, STOP)
+                    send_frame(sock, STOP)
                 except OSError:
                     pass
                 sock.close()
@@ -220,7 +220,7 @@ class PlanServer:
         """Acks, heartbeats and errors from one follower, until it or this side closes."""
         try:
             while True:
-                kind, payload = _recv(sock, self._closing)
+                kind, payload = recv_frame(sock, self._closing)
                 self._heard[rank] = time.monotonic()
                 if kind == ACK:
                     self._acked[rank] = _STEP.unpack(payload)[0]
@@ -269,10 +269,10 @@ class PlanClient:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()  # acks (main thread) against heartbeats (their thread)
         self._closing = threading.Event()
-        _send(self._sock, HELLO, json.dumps({"process_id": process_id, "config": config}).encode())
+        send_frame(self._sock, HELLO, json.dumps({"process_id": process_id, "config": config}).encode())
         self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
-            kind, payload = _recv(self._sock)
+            kind, payload = recv_frame(self._sock)
         except TimeoutError:
             raise ConnectionError(f"the coordinator at {host}:{port} did not answer within {join_timeout} s "
                                   f"(--join-timeout): not all processes joined?") from None
@@ -291,7 +291,7 @@ class PlanClient:
         """
         while True:
             try:
-                kind, payload = _recv(self._sock)
+                kind, payload = recv_frame(self._sock)
             except OSError as exc:
                 raise ConnectionError(f"process 0 closed the plan channel without a stop ({exc})") from None
             if kind == STOP:
@@ -303,13 +303,13 @@ class PlanClient:
     def ack(self, step: int) -> None:
         """Tells process 0 that step `step` (counted from 1) ran here."""
         with self._lock:
-            _send(self._sock, ACK, _STEP.pack(step))
+            send_frame(self._sock, ACK, _STEP.pack(step))
 
     def report(self, error: BaseException) -> None:
         """Tells process 0 why this follower stops (best effort: the connection may be gone)."""
         try:
             with self._lock:
-                _send(self._sock, ERROR, json.dumps({"error": repr(error)}).encode())
+                send_frame(self._sock, ERROR, json.dumps({"error": repr(error)}).encode())
         except OSError:
             pass
 
@@ -322,6 +322,6 @@ class PlanClient:
         while not self._closing.wait(interval):
             try:
                 with self._lock:
-                    _send(self._sock, HEARTBEAT)
+                    send_frame(self._sock, HEARTBEAT)
             except OSError:
                 return
