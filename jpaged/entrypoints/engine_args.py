@@ -21,6 +21,7 @@ from typing import Any
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, load_config
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
+from jpaged.executors.base import Executor
 from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,13 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer | None
 
 
 def load_engine(model: str, config: EngineConfig | str | Path | None = None, tokenizer: str | None = None,
-                **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
-    """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None)."""
+                executor: Executor | None = None, **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
+    """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None).
+
+    `executor`: one built already for this config (a multi-process run's BroadcastExecutor); None
+    builds the real one."""
     text = load_tokenizer(model, tokenizer)
-    engine = LLMEngine(engine_config(model, config, **engine_args),
+    engine = LLMEngine(engine_config(model, config, **engine_args), executor=executor,
                        eos_token_ids=text.eos_token_ids if text is not None else ())
     if text is not None and engine.vocab_size is not None and text.vocab_size > engine.vocab_size:
         raise ValueError(f"tokenizer: {text.vocab_size} ids do not fit the model's vocabulary of {engine.vocab_size}")

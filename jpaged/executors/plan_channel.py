@@ -13,7 +13,11 @@ while a socket says so at once (EOF) or within its timeout.
 
 Failure detection on process 0 (one reader thread per follower and a watchdog thread): a follower
 that closes its connection, reports an error, stays silent longer than `timeout` (no heartbeat), or
-leaves a sent step unacknowledged for longer than `timeout` is lost. The first loss is recorded in
+leaves a sent step unacknowledged for longer than its deadline is lost. A step's deadline is
+`timeout`, or `compile_timeout` for a step the sender marks as possibly compiling (a shape not run
+before): a step cannot be told apart from its compilation, and compiling may take far longer than
+running. Heartbeats keep flowing while a follower compiles (XLA releases the GIL), so a dead or
+stopped follower is still found within `timeout` then. The first loss is recorded in
 `error` and passed to every `on_failure` callback, from whichever thread found it: the step that
 waits on the dead follower may be stuck in a collective that never returns, so the callbacks cannot
 wait for it. Every later `send_plan` raises the same error.
@@ -102,25 +106,27 @@ class PlanServer:
     """Process 0's end: accepts the followers, sends them every plan, watches that they keep up."""
 
     def __init__(self, host: str, port: int, num_processes: int, config: dict, *, timeout: float,
-                 join_timeout: float):
+                 compile_timeout: float, join_timeout: float):
         """Listens on host:port and returns once the `num_processes - 1` followers joined.
 
         `config`: this process's engine config as a JSON-ready dict; a follower whose config differs
         is refused (it learns the field) and ValueError names the field here too. TimeoutError
         names the missing process ids when they have not all joined within `join_timeout` seconds.
-        `timeout`: seconds of follower silence, or of an unacknowledged step, that count as a loss.
+        `timeout`: seconds of follower silence, or of an unacknowledged step, that count as a loss;
+        `compile_timeout` replaces it for a step sent with `may_compile`.
         """
-        if not timeout > 0 or not join_timeout > 0:
-            raise ValueError(f"follower timeout and join timeout must be > 0 seconds, got {timeout} and {join_timeout}")
-        self.timeout = timeout
+        if not timeout > 0 or not compile_timeout > 0 or not join_timeout > 0:
+            raise ValueError(f"follower, compile and join timeouts must be > 0 seconds, got {timeout}, "
+                             f"{compile_timeout} and {join_timeout}")
+        self.timeout, self.compile_timeout = timeout, compile_timeout
         self.error: FollowerLost | None = None
         self.on_failure: list[Callable[[FollowerLost], None]] = []
-        self._config = json.loads(json.dumps(config))  # as the followers' copies arrive: through JSON
+        self._config = json.loads(json.dumps(config, default=str))  # as the followers' copies arrive: through JSON
         self._lock = threading.Lock()  # sends (the engine thread) against close (the main thread)
         self._fail_lock = threading.Lock()  # the reader threads and the watchdog may find a loss at once
         self._closing = threading.Event()
         self._step = 0
-        self._sent_at: dict[int, float] = {}  # step -> when it was sent, until every follower acked it
+        self._deadline: dict[int, tuple[float, float]] = {}  # step -> (sent at, seconds allowed), until all acked
         self._followers: dict[int, socket.socket] = {}
         self._acked: dict[int, int] = {}
         self._heard: dict[int, float] = {}
@@ -177,13 +183,15 @@ class PlanServer:
             self._followers[rank] = sock
             logger.info("process %d joined from %s", rank, peer)
 
-    def send_plan(self, buffers: list[bytes | memoryview]) -> None:
-        """Sends one step's encoded plan to every follower, in order; FollowerLost once one is lost."""
+    def send_plan(self, buffers: list[bytes | memoryview], may_compile: bool = False) -> None:
+        """Sends one step's encoded plan to every follower, in order; FollowerLost once one is lost.
+
+        `may_compile`: the step may compile a program (it gets `compile_timeout`, not `timeout`)."""
         if self.error is not None:
             raise self.error
         with self._lock:
             self._step += 1
-            self._sent_at[self._step] = time.monotonic()
+            self._deadline[self._step] = (time.monotonic(), self.compile_timeout if may_compile else self.timeout)
             for rank, sock in self._followers.items():
                 try:
                     send_frame(sock, PLAN, *buffers)
@@ -231,20 +239,21 @@ class PlanServer:
             self._fail(rank, f"its connection broke ({exc})")
 
     def _watch(self) -> None:
-        """Every tenth of the timeout: a follower silent, or a step unacknowledged, for longer is lost."""
+        """Every tenth of the timeout: a follower silent, or a step unacknowledged, past its bound is lost."""
         while not self._closing.wait(self.timeout / 10) and self.error is None:
             now = time.monotonic()
             for rank in self._followers:
                 silent = now - self._heard[rank]
-                waiting = self._sent_at.get(self._acked[rank] + 1)
+                sent, allowed = self._deadline.get(self._acked[rank] + 1, (now, 0.0))
                 if silent > self.timeout:
                     self._fail(rank, f"no word from it for {silent:.1f} s (--follower-timeout {self.timeout:g})")
-                elif waiting is not None and now - waiting > self.timeout:
-                    self._fail(rank, f"step {self._acked[rank] + 1} unfinished after {now - waiting:.1f} s "
-                                     f"(--follower-timeout {self.timeout:g})")
+                elif now - sent > allowed:
+                    flag = "--compile-timeout" if allowed == self.compile_timeout else "--follower-timeout"
+                    self._fail(rank, f"step {self._acked[rank] + 1} unfinished after {now - sent:.1f} s "
+                                     f"({flag} {allowed:g})")
             done = min(self._acked.values(), default=self._step)
-            for step in [s for s in self._sent_at if s <= done]:
-                self._sent_at.pop(step, None)
+            for step in [s for s in self._deadline if s <= done]:
+                self._deadline.pop(step, None)
 
 
 class PlanClient:
@@ -269,7 +278,7 @@ class PlanClient:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()  # acks (main thread) against heartbeats (their thread)
         self._closing = threading.Event()
-        send_frame(self._sock, HELLO, json.dumps({"process_id": process_id, "config": config}).encode())
+        send_frame(self._sock, HELLO, json.dumps({"process_id": process_id, "config": config}, default=str).encode())
         self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
             kind, payload = recv_frame(self._sock)

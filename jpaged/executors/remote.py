@@ -10,6 +10,7 @@ engine sees an ordinary Executor. Only process 0's sampled tokens are used: a fo
 
 from __future__ import annotations
 
+from jpaged.core.padding import bucket
 from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.executors.base import Executor
 from jpaged.executors.plan_channel import PlanClient, PlanServer
@@ -22,6 +23,7 @@ class BroadcastExecutor:
     def __init__(self, inner: Executor, channel: PlanServer):
         self.inner, self.channel = inner, channel
         self.vocab_size = inner.vocab_size
+        self._shapes: set[tuple] = set()  # step shapes sent before (`_shape_key`)
 
     @property
     def num_compilations(self) -> int:
@@ -36,9 +38,23 @@ class BroadcastExecutor:
         """Sends `plan`, then runs it here. Encoding builds the sampling batch first, so a request whose
         settings cannot become arrays fails before any follower saw the plan (the engine's retry
         without its rows then reaches the followers as the next plan). Raises FollowerLost once
-        the channel lost a follower."""
-        self.channel.send_plan(encode_plan(plan))
+        the channel lost a follower. A step of a shape not sent before may compile: the channel
+        then allows it the compile timeout."""
+        buffers = encode_plan(plan)
+        key = _shape_key(plan)
+        self.channel.send_plan(buffers, may_compile=key not in self._shapes)
+        self._shapes.add(key)
         return self.inner.execute(plan)
+
+
+def _shape_key(plan: StepPlan) -> tuple:
+    """What decides which programs a step runs: its padded batch shape and kind, the buckets of its
+    block-op pairs, of its sample rows and of their top candidates (jpaged.executors.jax and .sampling
+    pad to these). A new key may mean a compilation; a known one should not."""
+    rows = 0 if plan.sampling is None else bucket(len(plan.sampling))
+    num_top = 0 if plan.sampling is None else bucket(plan.sampling.batch.num_top, minimum=1)
+    pairs = tuple(bucket(len(p), minimum=4) for p in (plan.copy_pairs, plan.swap_in_pairs, plan.swap_out_pairs))
+    return plan.padded_shape, plan.max_query_len == 1, pairs, rows, num_top
 
 
 def follow(executor: Executor, channel: PlanClient) -> int:

@@ -24,7 +24,7 @@ def _follower_config(**cache) -> dict:
     return {"model": {**CONFIG["model"], "process_id": 1}, "cache": {**CONFIG["cache"], **cache}}
 
 
-def _pair(timeout=1.0, config=None):
+def _pair(timeout=1.0, config=None, compile_timeout=None):
     """A joined (server, client) pair on a free loopback port."""
     port, box = _port(), {}
 
@@ -33,7 +33,8 @@ def _pair(timeout=1.0, config=None):
 
     thread = threading.Thread(target=join)
     thread.start()
-    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=timeout, join_timeout=10)
+    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=timeout, compile_timeout=compile_timeout or timeout,
+                        join_timeout=10)
     thread.join()
     return server, box["client"]
 
@@ -70,7 +71,7 @@ def test_config_mismatch_names_the_field_on_both_sides():
     thread = threading.Thread(target=join)
     thread.start()
     with pytest.raises(ValueError, match=r"cache\.num_blocks: process 0 has 13, this process has 14"):
-        PlanServer("127.0.0.1", port, 2, CONFIG, timeout=1, join_timeout=10)
+        PlanServer("127.0.0.1", port, 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=10)
     thread.join()
     assert "cache.num_blocks: process 0 has 13, this process has 14" in box["follower"]
 
@@ -83,7 +84,7 @@ def test_unreachable_coordinator_names_its_address():
 
 def test_missing_follower_is_named_when_the_join_times_out():
     with pytest.raises(TimeoutError, match=r"processes \[1\] did not join within 0.3 s"):
-        PlanServer("127.0.0.1", _port(), 2, CONFIG, timeout=1, join_timeout=0.3)
+        PlanServer("127.0.0.1", _port(), 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=0.3)
 
 
 def test_a_follower_that_dies_is_lost_at_once_and_sends_raise_after():
@@ -123,4 +124,14 @@ def test_acknowledged_steps_keep_the_follower_alive():
         time.sleep(0.15)  # 1 s in all, twice the timeout: heartbeats and acks keep it alive
     assert server.error is None
     server.close()
+    client.close()
+
+
+def test_a_step_that_may_compile_gets_the_compile_timeout():
+    server, client = _pair(timeout=0.5, compile_timeout=2.0)
+    server.send_plan([b"step 1"], may_compile=True)
+    time.sleep(1.0)  # twice the step timeout, half the compile timeout: still fine
+    assert server.error is None
+    waited = _lost_within(server, 3.0)
+    assert "step 1 unfinished" in str(server.error) and "--compile-timeout 2" in str(server.error) and waited < 2.0
     client.close()

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 # `jpaged serve` flags that are engine arguments (jpaged.entrypoints.engine_args), by their argparse dest.
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "num_host_blocks", "max_num_seqs",
-                "max_num_batched_tokens", "enable_prefix_caching", "policy", "preemption_mode", "attention_backend")
+                "max_num_batched_tokens", "enable_prefix_caching", "policy", "preemption_mode", "attention_backend",
+                "tensor_parallel_size")
 
 
 def warm_up(engine: LLMEngine) -> None:
@@ -35,12 +36,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     try:
-        engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
-                                           tokenizer=args.tokenizer, **engine_args)
+        if args.num_processes > 1:  # one scheduler here, the other processes follow (jpaged.entrypoints.multihost)
+            from jpaged.entrypoints import multihost
+
+            if args.process_id != 0:
+                return multihost.follow(args, engine_args)
+            engine = multihost.lead(args, engine_args)
+        else:
+            engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
+                                               tokenizer=args.tokenizer, **engine_args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
-    if not args.no_warmup:
+    if not args.no_warmup or args.num_processes > 1:  # every process compiles before serving (jax#40831)
         warm_up(engine.engine)
     name = args.served_model_name or args.model
     app = build_app(engine, name)

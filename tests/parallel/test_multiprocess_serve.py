@@ -1,0 +1,74 @@
+"""`jpaged serve` on 2 processes x 2 virtual CPU devices (tensor parallelism over all 4) answers the
+openai client exactly as one process on one device does, greedy and seeded, through swap
+preemptions; killing the follower mid-stream ends the stream with the error and turns /health to
+503 within the bound, and new requests get 503. Also: the follower's own exit when process 0 stops."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e \".[test]\"")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from tests.helpers.server import metric, metrics  # noqa: E402
+from tests.parallel.serve_processes import single, stop, two_processes  # noqa: E402
+
+PROMPTS = [[1, 2, 3, 4, 5], list(range(1, 40)), list(range(7, 50))]  # together they outgrow the 12-block pool
+FOLLOWER_TIMEOUT = 20.0  # the bound under test (a killed follower is seen at once: its connection closes)
+
+
+def _answers(base_url: str) -> dict:
+    """Token ids of greedy and seeded (n = 2) completions of PROMPTS, and the preemptions they caused."""
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    out = {}
+    for name, settings in (("greedy", {}), ("seeded", {"temperature": 0.8, "seed": 3, "n": 2})):
+        response = client.completions.create(model="tiny-llama", prompt=PROMPTS, max_tokens=8, logprobs=0, **settings)
+        out[name] = [(c.index, c.logprobs.tokens, c.finish_reason) for c in response.choices]
+    out["preemptions"] = metric(metrics(base_url), "vllm:num_preemptions_total")
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_answer_like_one_and_fail_cleanly_when_the_follower_dies(tmp_path):
+    with single(tmp_path) as base_url:
+        expected = _answers(base_url)
+    assert expected["preemptions"] > 0
+    with two_processes(tmp_path, "--follower-timeout", str(FOLLOWER_TIMEOUT)) as (base_url, leader, follower):
+        assert _answers(base_url) == expected
+        body = {"model": "tiny-llama", "prompt": [1, 2, 3], "max_tokens": 80, "ignore_eos": True, "stream": True}
+        events = []
+        with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                if len(events) == 3:
+                    break
+            follower.kill()  # mid-stream
+            killed = time.monotonic()
+            for line in lines:
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+            ended = time.monotonic() - killed
+        assert "error" in events[-1] and "process 1 is lost" in events[-1]["error"]["message"], events[-1]
+        assert ended < FOLLOWER_TIMEOUT
+        health = httpx.get(base_url + "/health", timeout=10)
+        assert health.status_code == 503 and "process 1 is lost" in health.text
+        refused = httpx.post(base_url + "/v1/completions", json={**body, "stream": False}, timeout=10)
+        assert refused.status_code == 503 and "process 1 is lost" in refused.text
+        assert leader.poll() is None  # process 0 keeps answering
+
+
+@pytest.mark.slow
+def test_the_follower_exits_cleanly_when_process_0_stops(tmp_path):
+    with two_processes(tmp_path) as (base_url, leader, follower):
+        assert httpx.get(base_url + "/health", timeout=10).status_code == 200
+        assert stop(leader, signal.SIGINT, timeout=120) == 0
+        assert follower.wait(120) == 0
