@@ -36,7 +36,8 @@ from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.engine_args import engine_config
 from jpaged.executors.jax import JaxExecutor
 from jpaged.executors.plan_channel import PlanClient, PlanServer
-from jpaged.executors.remote import BroadcastExecutor, follow as follow_plans
+from jpaged.executors.remote import BroadcastExecutor
+from jpaged.executors.remote import follow as follow_plans
 
 log = logging.getLogger(__name__)
 

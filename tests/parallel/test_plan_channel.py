@@ -3,13 +3,23 @@ differs is refused on both sides with its field; an unreachable coordinator is a
 address; a follower that dies, reports an error (the callbacks hear it), hangs in a step or goes silent is reported lost
 within the timeout, and every later send raises."""
 
+import json
 import socket
 import threading
 import time
 
 import pytest
 
-from jpaged.executors.plan_channel import FollowerLost, PlanClient, PlanServer, config_mismatch
+from jpaged.executors.plan_channel import (
+    HELLO,
+    WELCOME,
+    FollowerLost,
+    PlanClient,
+    PlanServer,
+    config_mismatch,
+    recv_frame,
+    send_frame,
+)
 
 CONFIG = {"model": {"name": "tiny-llama", "process_id": 0, "num_processes": 2}, "cache": {"num_blocks": 13}}
 
@@ -135,3 +145,22 @@ def test_a_step_that_may_compile_gets_the_compile_timeout():
     waited = _lost_within(server, 3.0)
     assert "step 1 unfinished" in str(server.error) and "--compile-timeout 2" in str(server.error) and waited < 2.0
     client.close()
+
+
+def test_a_silent_follower_is_lost_within_the_timeout():
+    """A follower that joined and then says nothing (a stopped process: no heartbeats) is lost."""
+    port, box = _port(), {}
+
+    def join():
+        sock = box["sock"] = socket.create_connection(("127.0.0.1", port), timeout=10)
+        send_frame(sock, HELLO, json.dumps({"process_id": 1, "config": _follower_config()}).encode())
+        box["answer"] = recv_frame(sock)[0]
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=0.5, compile_timeout=0.5, join_timeout=10)
+    thread.join()
+    assert box["answer"] == WELCOME
+    waited = _lost_within(server, 3.0)
+    assert 0.3 < waited < 2.0 and "no word from it" in str(server.error)
+    box["sock"].close()

@@ -64,7 +64,7 @@ def test_every_scheduled_plan_round_trips():
 
 
 def test_truncated_or_padded_messages_are_refused():
-    plan, buffers = _recorded_plans()[0]
+    _, buffers = _recorded_plans()[0]
     data = b"".join(bytes(b) for b in buffers)
     with pytest.raises(ValueError, match=r"plan message: array \S+ needs \d+ bytes"):
         decode_plan(data[:-8])
