@@ -29,7 +29,8 @@ may instead give every process the same requests (the scheduler is deterministic
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
