@@ -252,7 +252,7 @@ class PlanServer:
                     self._fail(rank, f"step {self._acked[rank] + 1} unfinished after {now - sent:.1f} s "
                                      f"({flag} {allowed:g})")
             done = min(self._acked.values(), default=self._step)
-            for step in [s for s in self._deadline if s <= done]:
+            for step in [s for s in list(self._deadline) if s <= done]:  # (a copy: send_plan adds steps meanwhile)
                 self._deadline.pop(step, None)
 
 

@@ -1,7 +1,8 @@
-"""`jpaged serve` as one process or as process 0 + followers on loopback, for the multi-process tests.
+"""`jpaged serve` as one process or as process 0 + a follower on loopback, for the multi-process tests.
 
-tiny-llama (no tokenizer: prompts are token ids) on a 12-block pool with swap preemption; a
-multi-process run gives each process 2 virtual CPU devices and splits the model over all 4.
+By default tiny-llama (no tokenizer: prompts are token ids) on a 12-block pool with swap
+preemption; a multi-process run gives each process 2 virtual CPU devices and splits the model over
+all 4.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ ENGINE_ARGS = ["--model", "tiny-llama", "--attention-backend", "xla", "--block-s
                "--preemption-mode", "swap"]
 
 
-def start(log_path: Path, *args: str, devices: int = 1) -> subprocess.Popen:
-    """`python -m jpaged.entrypoints.cli serve ENGINE_ARGS args` with `devices` virtual CPU devices."""
+def start(log_path: Path, *args: str, devices: int = 1, engine_args: list[str] = ENGINE_ARGS) -> subprocess.Popen:
+    """`python -m jpaged.entrypoints.cli serve engine_args args` with `devices` virtual CPU devices."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     with log_path.open("w") as log:
-        return subprocess.Popen([sys.executable, "-m", "jpaged.entrypoints.cli", "serve", *ENGINE_ARGS, *args],
+        return subprocess.Popen([sys.executable, "-m", "jpaged.entrypoints.cli", "serve", *engine_args, *args],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def distributed_args(coordinator_port: int, process_id: int, *extra: str) -> list[str]:
-    """The multi-process flags of process `process_id` of 2 (tensor parallelism over their 4 devices)."""
-    return ["--tensor-parallel-size", "4", "--coordinator-address", f"127.0.0.1:{coordinator_port}",
+def distributed_args(coordinator_port: int, process_id: int, *extra: str, tp: int = 4) -> list[str]:
+    """The multi-process flags of process `process_id` of 2 (tensor parallelism over `tp` devices)."""
+    return ["--tensor-parallel-size", str(tp), "--coordinator-address", f"127.0.0.1:{coordinator_port}",
             "--num-processes", "2", "--process-id", str(process_id), *extra]
 
 
@@ -79,13 +80,17 @@ def single(tmp_path: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def two_processes(tmp_path: Path, *extra: str) -> Iterator[tuple[str, subprocess.Popen, subprocess.Popen]]:
-    """Process 0 (HTTP) and a follower: yields (process 0's base URL, process 0, the follower).
-    Both are killed after: a process 0 whose follower died may never leave its stuck step."""
+def two_processes(tmp_path: Path, *extra: str, devices: int = 2, engine_args: list[str] = ENGINE_ARGS
+                  ) -> Iterator[tuple[str, subprocess.Popen, subprocess.Popen]]:
+    """Process 0 (HTTP) and a follower with `devices` devices each, the model split over all of them:
+    yields (process 0's base URL, process 0, the follower). Both are killed after (unless they
+    exited): a process 0 whose follower died may never leave its stuck step."""
     coordinator, port = free_port(), free_port()
     logs = [tmp_path / f"process-{i}.log" for i in range(2)]
-    follower = start(logs[1], *distributed_args(coordinator, 1, *extra), devices=2)
-    leader = start(logs[0], *distributed_args(coordinator, 0, *extra), "--port", str(port), devices=2)
+    follower = start(logs[1], *distributed_args(coordinator, 1, *extra, tp=2 * devices), devices=devices,
+                     engine_args=engine_args)
+    leader = start(logs[0], *distributed_args(coordinator, 0, *extra, tp=2 * devices), "--port", str(port),
+                   devices=devices, engine_args=engine_args)
     try:
         wait_healthy(leader, f"http://127.0.0.1:{port}", logs[0])
         yield f"http://127.0.0.1:{port}", leader, follower

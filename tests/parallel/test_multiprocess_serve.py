@@ -1,7 +1,8 @@
 """`jpaged serve` on 2 processes x 2 virtual CPU devices (tensor parallelism over all 4) answers the
 openai client exactly as one process on one device does, greedy and seeded, through swap
 preemptions; killing the follower mid-stream ends the stream with the error and turns /health to
-503 within the bound, and new requests get 503. Also: the follower's own exit when process 0 stops."""
+503 within the bound, and new requests get 503. A Hugging Face checkpoint split over two processes
+answers like the offline LLM, and the follower exits 0 when process 0 stops cleanly."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ for _module in ("fastapi", "uvicorn", "httpx", "openai"):
 import httpx
 import openai
 
+from jpaged import LLM, SamplingParams
 from tests.helpers.server import metric, metrics
+from tests.helpers.text_assets import ASSET
 from tests.parallel.serve_processes import single, stop, two_processes
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(1, 40)), list(range(7, 50))]  # together they outgrow the 12-block pool
@@ -67,8 +70,17 @@ def test_two_processes_answer_like_one_and_fail_cleanly_when_the_follower_dies(t
 
 
 @pytest.mark.slow
-def test_the_follower_exits_cleanly_when_process_0_stops(tmp_path):
-    with two_processes(tmp_path) as (base_url, leader, follower):
-        assert httpx.get(base_url + "/health", timeout=10).status_code == 200
+def test_a_hugging_face_checkpoint_split_over_two_processes_answers_like_offline(tmp_path):
+    """Each process reads its own shard of the checkpoint (1 device each, tensor parallelism 2);
+    greedy texts equal the offline LLM's on one device; a clean stop of process 0 stops the follower."""
+    prompts = ["def fibonacci(n):", "import os\n", "class Stack:"]
+    llm = LLM(str(ASSET), attention_backend="xla", num_blocks=64, block_size=16, max_num_seqs=16)
+    expected = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(max_tokens=24), use_tqdm=False)]
+    engine_args = ["--model", str(ASSET), "--served-model-name", "stdlib-lm", "--attention-backend", "xla",
+                   "--num-blocks", "64", "--block-size", "16", "--max-num-seqs", "16"]
+    with two_processes(tmp_path, devices=1, engine_args=engine_args) as (base_url, leader, follower):
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        response = client.completions.create(model="stdlib-lm", prompt=prompts, max_tokens=24, temperature=0)
+        assert [c.text for c in sorted(response.choices, key=lambda c: c.index)] == expected
         assert stop(leader, signal.SIGINT, timeout=120) == 0
         assert follower.wait(120) == 0
