@@ -73,9 +73,11 @@ def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None 
     return data
 
 
-def recv_frame(sock: socket.socket, closing: threading.Event | None = None) -> tuple[int, bytearray]:
-    """One frame: (kind, payload)."""
+def recv_frame(sock: socket.socket, closing: threading.Event | None = None, limit: int = 2**30) -> tuple[int, bytearray]:
+    """One frame: (kind, payload); ValueError for a payload over `limit` bytes (not one of ours)."""
     kind, size = _FRAME.unpack(_recv_exact(sock, _FRAME.size, closing))
+    if size > limit:
+        raise ValueError(f"a frame of {size} bytes, more than the {limit} allowed")
     return kind, _recv_exact(sock, size, closing)
 
 
@@ -162,10 +164,12 @@ class PlanServer:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                kind, payload = recv_frame(sock)
-                hello = _json(payload) if kind == HELLO else {}
+                kind, payload = recv_frame(sock, limit=2**24)  # a config, from whoever connected
+                hello = _json(payload) if kind == HELLO else None
             except (OSError, ValueError) as exc:
-                logger.warning("ignoring a connection from %s that did not say hello: %s", peer, exc)
+                hello = exc
+            if not isinstance(hello, dict):
+                logger.warning("ignoring a connection from %s that did not say hello: %s", peer, hello)
                 sock.close()
                 continue
             rank, problem = hello.get("process_id"), None

@@ -152,3 +152,23 @@ def test_a_silent_follower_is_lost_within_the_timeout():
     _lost_within(server, 3.0)  # (timed from here, not from the join: no lower bound)
     assert "no word from it for" in str(server.error)
     box["sock"].close()
+
+
+def test_a_stranger_on_the_port_is_ignored_and_the_follower_still_joins():
+    """A connection that sends no hello (a port scan, a stray client) does not stop the join."""
+    port, box = _port(), {}
+
+    def join():
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+            stranger.sendall(b"\x01" + (2**40).to_bytes(8, "big"))  # a frame far too large for a hello
+            time.sleep(0.2)
+        box["client"] = PlanClient("127.0.0.1", port, 1, _follower_config(), join_timeout=10)
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=10)
+    thread.join()
+    server.send_plan([b"step 1"])
+    server.close()
+    assert [bytes(p) for p in box["client"].plans()] == [b"step 1"]
+    box["client"].close()
