@@ -169,12 +169,26 @@ class AsyncLLMEngine:
             self._thread.start()
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
-        """Stops the step loop (unfinished requests end with EngineDeadError) and waits for it."""
+        """Stops the step loop (unfinished requests end with EngineDeadError) and waits for it (not
+        after `fail`: its thread may never come back)."""
         if self._thread is not None and self._thread.is_alive():
             self._commands.put(None)
-            self._thread.join(timeout)
+            self._thread.join(timeout if self.error is None else 0)
         if self.error is None:
             self.error = EngineDeadError("the engine was shut down")
+
+    def fail(self, error: BaseException) -> None:
+        """Declares the engine dead from outside its step loop, from any thread: every unfinished
+        request (and every one waiting to be queued) ends with `error`, new ones are refused and
+        `is_dead` turns true. For failures the step loop cannot report because it may never return
+        from its step (a multi-process run whose follower died inside a collective)."""
+        if self.error is None:
+            self.error = error
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._fail_all, self.error)
+            except RuntimeError:  # the event loop is closed: nobody is waiting
+                pass
 
     # ------------------------------------------------------------------ requests (event loop)
 
@@ -264,7 +278,7 @@ class AsyncLLMEngine:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as exc:  # the engine is broken: every request learns why
             log.exception("the engine's step loop failed")
-            self.error = exc
+            self.error = self.error or exc  # (after `fail`, its error: the cause, not the symptom)
         finally:
             if self.error is None:
                 self.error = EngineDeadError("the engine was shut down")
@@ -307,10 +321,17 @@ class AsyncLLMEngine:
         dead = error if isinstance(error, EngineDeadError) else EngineDeadError(f"the engine failed: {error!r}")
         for collector in self._collectors.values():
             collector.fail(dead)
+        while True:  # requests still queued for the step loop will never be taken
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                _resolve(command.done, dead)
 
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
-    if future.cancelled():
+    if future.done():  # cancelled, or failed by `_fail_all` before the step loop answered
         return
     if error is None:
         future.set_result(None)

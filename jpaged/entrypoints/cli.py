@@ -38,6 +38,23 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--policy", choices=["paper", "chunked"])
     engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
     engine.add_argument("--attention-backend")
+    engine.add_argument("--tensor-parallel-size", type=int, help="devices splitting every layer (across processes too)")
+    hosts = p.add_argument_group("multi-process serving (jpaged.entrypoints.multihost)",
+                                 "process 0 serves HTTP and schedules; every other process runs the same command "
+                                 "with its own --process-id, opens no port and executes process 0's steps")
+    hosts.add_argument("--coordinator-address", help="host:port of process 0 for jax.distributed (required with "
+                                                     "--num-processes > 1)")
+    hosts.add_argument("--num-processes", type=int, default=1, help="processes in the run (1: this one alone)")
+    hosts.add_argument("--process-id", type=int, default=0, help="this process's rank in [0, --num-processes)")
+    hosts.add_argument("--plan-port", type=int,
+                       help="port of process 0's plan channel (default: the coordinator's port + 1)")
+    hosts.add_argument("--follower-timeout", type=float, default=60.0,
+                       help="seconds a follower may stay silent or leave a step unfinished before process 0 "
+                            "fails its requests and reports unhealthy")
+    hosts.add_argument("--compile-timeout", type=float, default=600.0,
+                       help="the same bound for a step of a shape not run before (it may compile)")
+    hosts.add_argument("--join-timeout", type=float, default=300.0,
+                       help="seconds to wait at start-up for every process to join")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
     p.add_argument("--no-warmup", action="store_true",

@@ -23,6 +23,7 @@ from typing import Any
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, load_config
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
+from jpaged.executors.base import Executor
 from jpaged.text.output_processor import prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
@@ -112,15 +113,17 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer | None
 
 
 def load_engine(model: str, config: EngineConfig | str | Path | None = None, tokenizer: str | None = None,
-                pinned_prefixes: Sequence[str | Sequence[int]] = (), **engine_args: Any
-                ) -> tuple[LLMEngine, Tokenizer | None]:
+                pinned_prefixes: Sequence[str | Sequence[int]] = (), executor: Executor | None = None,
+                **engine_args: Any) -> tuple[LLMEngine, Tokenizer | None]:
     """An LLMEngine for `model` that stops at the tokenizer's EOS ids, and that tokenizer (or None).
 
     `pinned_prefixes` (texts, encoded as prompts are, or token id lists) are pre-stored in the
     prefix cache before the engine serves (`LLMEngine.pin_prefix`; needs enable_prefix_caching).
+    `executor`: one built already for this config (a multi-process run's BroadcastExecutor); None
+    builds the real one.
     """
     text = load_tokenizer(model, tokenizer)
-    engine = LLMEngine(engine_config(model, config, **engine_args),
+    engine = LLMEngine(engine_config(model, config, **engine_args), executor=executor,
                        eos_token_ids=text.eos_token_ids if text is not None else ())
     if text is not None and engine.vocab_size is not None and text.vocab_size > engine.vocab_size:
         raise ValueError(f"tokenizer: {text.vocab_size} ids do not fit the model's vocabulary of {engine.vocab_size}")

@@ -21,14 +21,16 @@ Weights never exist whole on one device: dummy weights are drawn by one jitted f
 
 Multi-host: `initialize_distributed` joins the processes (one per host) before any other JAX work;
 `jax.devices()` then lists every host's devices and the same mesh and program span them. Every
-process runs the same engine on the same requests (the scheduler is deterministic), JAX's
-multi-controller model.
+process must launch the same steps in the same order (JAX's multi-controller model): `jpaged serve`
+schedules on process 0 and ships its plans to the others (jpaged.executors.remote); an offline run
+may instead give every process the same requests (the scheduler is deterministic).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

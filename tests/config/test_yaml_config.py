@@ -18,7 +18,7 @@ VARIANT_OF = {"kernel_bench_block_sizes": "kernel_bench", "kernel_bench_gpu_chec
               "profile_forward_bf16": "profile_forward"}
 # Experiments in a group folder, experiments/<group>/<experiment>.py; the figures are experiments/<experiment>/.
 GROUP_OF = {"bench_decode": "bench", "bench_host": "bench", "dense_bench": "bench", "profile_executor": "bench",
-            "profile_forward": "bench", "serve_real": "bench", "serve_vs_offline": "bench",
+            "profile_forward": "bench", "serve_real": "bench", "serve_vs_offline": "bench", "plan_transport": "bench",
             "bench_host_peer": "peers", "cpu_vs_vllm": "peers", "serve_vs_vllm": "peers",
             "train_lm": "lm", "train_tiny": "lm", "figure_moves": "report"}
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # `jpaged serve` flags that are engine arguments (jpaged.entrypoints.engine_args), by their argparse dest.
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "num_host_blocks", "max_num_seqs",
                 "max_num_batched_tokens", "enable_prefix_caching", "policy", "preemption_mode", "attention_backend",
-                "num_host_cache_blocks", "eviction_policy", "pinned_prefixes")
+                "num_host_cache_blocks", "eviction_policy", "pinned_prefixes", "tensor_parallel_size")
 # After the drain's deadline, aborted streams get this long to send their last chunk before uvicorn
 # cancels what is still writing (a client that never reads).
 ABORT_GRACE_S = 2.0
@@ -53,13 +53,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     try:
-        engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
-                                           tokenizer=args.tokenizer, **engine_args)
+        if args.num_processes > 1:  # one scheduler here, the other processes follow (jpaged.entrypoints.multihost)
+            from jpaged.entrypoints import multihost
+
+            if args.process_id != 0:
+                return multihost.follow(args, engine_args)
+            engine = multihost.lead(args, engine_args)
+        else:
+            engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
+                                               tokenizer=args.tokenizer, **engine_args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.model
-    state = ServerState(engine, warm_up=None if args.no_warmup else warm_up_smallest_steps,
+    # A multi-process run always warms up: its steps reach every process, which then compile
+    # together before serving, so no collective waits on another process's compile (jax#40831).
+    warm = not args.no_warmup or args.num_processes > 1
+    state = ServerState(engine, warm_up=warm_up_smallest_steps if warm else None,
                         shutdown_timeout=args.shutdown_timeout)
     app = build_app(engine, name, state, stream_interval=args.stream_interval)
     log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,
