@@ -69,6 +69,9 @@ NEUTRAL_ONLY: dict[str, Neutral] = {
     "verbosity": Neutral((None, "medium"), "no reasoning model is served"),
     "functions": Neutral((None, []), _NO_TOOLS),
     "function_call": Neutral((None, "none"), _NO_TOOLS),
+    # SGLang's extensions (its router and vllm-router send them, neutral, with every request)
+    "no_stop_trim": Neutral((False,), "stop strings are trimmed from the output: use include_stop_str_in_output"),
+    "return_hidden_states": Neutral((False,), "hidden states are not returned"),
 }
 
 

@@ -69,6 +69,12 @@ class _Request(BaseModel):
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     return_tokens_as_token_ids: bool | None = None  # logprobs tokens as "token_id:<id>"
     return_token_ids: bool | None = None  # choices carry token_ids, and the prompt's
+    # SGLang's extensions, which sglang-router and vllm-router add to every request they forward:
+    # accepted without effect (no reasoning parser splits anything out) or neutral only (fields.py)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    no_stop_trim: bool = False
+    return_hidden_states: bool = False
     # vLLM's extensions accepted without effect, as vLLM's generation routes
     session_id: str | None = None  # a router's affinity key
     return_token_offsets: bool | None = False  # render endpoints only
