@@ -15,7 +15,12 @@ vLLM v1's (vllm/v1/metrics/loggers.py and buckets.py), labelled `model_name` and
   `vllm:request_success{finished_reason}` (stop, length, abort, error);
 - histograms `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` (per request,
   between the steps that gave it tokens), `vllm:request_time_per_output_token_seconds` (per request:
-  (finish - first token) / (output tokens - 1)), `vllm:e2e_request_latency_seconds`.
+  (finish - first token) / (output tokens - 1)), `vllm:e2e_request_latency_seconds`;
+- jpaged's own, for what vLLM has no name for: `jpaged:prefix_cache_evictions` (device cached
+  blocks evicted), `jpaged:pinned_prefix_blocks`, and the prefix cache's host tier (only with
+  `--num-host-cache-blocks`): `jpaged:host_cache_usage_perc`, `jpaged:host_cache_promotions`
+  (blocks brought back to the device by a match), `jpaged:host_cache_offloads`,
+  `jpaged:host_cache_evictions` (docs/notes/host-tier.md).
 Times are the executor's clock (wall time for the real model), from the request's arrival.
 """
 
@@ -76,12 +81,24 @@ class PrometheusObserver(EngineObserver):
                          "Histogram of time_per_output_token_seconds per request.", buckets=ITL_BUCKETS)
         self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                         buckets=REQUEST_LATENCY_BUCKETS)
+        self.cache_evictions = make(Counter, "jpaged:prefix_cache_evictions", "Device prefix-cache blocks evicted.")
+        self.pinned = make(Gauge, "jpaged:pinned_prefix_blocks", "Blocks held by pre-stored (pinned) prefixes.")
+        self.host_usage = make(Gauge, "jpaged:host_cache_usage_perc", "Host tier of the prefix cache: usage, 0-1.")
+        self.host_counters = {key: make(Counter, f"jpaged:host_cache_{key}", f"Host tier of the prefix cache: {doc}.")
+                              for key, doc in (("promotions", "blocks brought back to the device by a match"),
+                                               ("offloads", "evicted device blocks copied to host"),
+                                               ("evictions", "host blocks dropped"))}
+        self._cache_counts: dict[str, int] = {}  # the cache's cumulative counts when last read
         self._last_token: dict[str, float] = {}  # request id -> when its last token came (ITL)
         self._cached_tokens = 0  # the scheduler's prefix-hit count when last read
 
     def attach(self, engine: LLMEngine) -> None:
         """Starts observing `engine` (from now on: what it served before is not counted)."""
         self._cached_tokens = engine.scheduler.admission.num_cached_tokens
+        if engine.scheduler.block_manager.prefix_cache is not None:
+            stats = engine.prefix_cache_stats()
+            self._cache_counts = {"evictions_device": stats["prefix_cache_evictions"],
+                                  **{key: stats[f"host_cache_{key}"] for key in self.host_counters}}
         engine.observers.append(self)
 
     def on_step_executed(self, engine: LLMEngine, out: SchedulerOutput, result: ModelOutput, start: float,
@@ -138,3 +155,18 @@ class PrometheusObserver(EngineObserver):
         self.kv_usage.set(usage(bm))
         swap = bm.swap
         self.cpu_cache.set(1.0 - swap.num_free_blocks / swap.num_blocks if swap is not None and swap.num_blocks else 0.0)
+        if bm.prefix_cache is not None:
+            self._set_cache(engine)
+
+    def _set_cache(self, engine: LLMEngine) -> None:
+        """The prefix cache's evictions, pinned blocks and host tier (counters advance by the
+        engine's cumulative counts since the last step)."""
+        stats = engine.prefix_cache_stats()
+        self.pinned.set(stats["num_pinned_blocks"])
+        self.host_usage.set(stats["host_cache_usage"])
+        counters = {"evictions_device": (self.cache_evictions, stats["prefix_cache_evictions"]),
+                    **{key: (c, stats[f"host_cache_{key}"]) for key, c in self.host_counters.items()}}
+        for key, (counter, total) in counters.items():
+            if total > self._cache_counts.get(key, 0):
+                counter.inc(total - self._cache_counts.get(key, 0))
+            self._cache_counts[key] = total
