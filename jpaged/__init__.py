@@ -1,14 +1,14 @@
 """jpaged: PagedAttention (Kwon et al., SOSP'23) in JAX — paged KV cache, Pallas kernels, serving engine.
 
-The offline text API: `from jpaged import LLM, SamplingParams` (imported lazily: `import jpaged`
-alone pulls in no jax).
+The offline text API: `from jpaged import LLM, SamplingParams, StructuredOutputsParams` (imported
+lazily: `import jpaged` alone pulls in no jax).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "AsyncLLMEngine"]
+__all__ = ["LLM", "AsyncLLMEngine", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +20,10 @@ def __getattr__(name: str) -> Any:
         from jpaged.core.sequence import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from jpaged.core.constraints import StructuredOutputsParams
+
+        return StructuredOutputsParams
     if name == "AsyncLLMEngine":
         from jpaged.entrypoints.async_engine import AsyncLLMEngine
 

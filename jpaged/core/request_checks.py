@@ -58,6 +58,9 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
     if sampling_params.bad_words and not sampling_params.bad_words_token_ids:
         raise ValueError(f"{params_field}.bad_words: need a tokenizer (the text front end turns them into "
                          f"bad_words_token_ids); without one, give bad_words_token_ids")
+    if sampling_params.structured_outputs is not None:
+        raise ValueError(f"{params_field}.structured_outputs: need a tokenizer (the text front end compiles them "
+                         f"into a constraint); without one, give a TokenConstraint as constraint")
     n = sampling_params.n
     width, width_field = (n, "n") if sampling_params.best_of is None else (sampling_params.best_of, "best_of")
     if width > scheduler.max_num_seqs:

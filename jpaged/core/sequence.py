@@ -29,7 +29,7 @@ from jpaged.config.checks import (
     check_token_ids,
     show,
 )
-from jpaged.core.constraints import TokenConstraint
+from jpaged.core.constraints import StructuredOutputsParams, TokenConstraint
 
 OutputKind = Literal["final", "delta", "cumulative"]
 MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for (OpenAI's chat limit)
@@ -67,13 +67,15 @@ _FIELD_CHECKS = {
     "bad_words_token_ids": lambda f, v: _token_sequences(f, v),
     "best_of": lambda f, v: None if v is None else check_int(f, v, 1),
     "constraint": lambda f, v: _constraint(f, v),
+    "structured_outputs": lambda f, v: _structured_outputs(f, v),
 }
 # Fields whose values change what is sampled, with their neutral value: beam search honours none of
 # them (it ranks the model's raw log-probabilities), and a request with all of them neutral runs
 # the sampler's plain path.
 _CONTROL_NEUTRALS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
                      "logit_bias": None, "min_tokens": 0, "min_p": 0.0, "allowed_token_ids": None,
-                     "bad_words": (), "bad_words_token_ids": (), "constraint": None}
+                     "bad_words": (), "bad_words_token_ids": (), "constraint": None,
+                     "structured_outputs": None}
 
 
 def active_controls(params: SamplingParams) -> list[str]:
@@ -118,6 +120,13 @@ def _constraint(field: str, value) -> TokenConstraint | None:
                         f"accept, is_terminated, fork) or be None, got {type(value).__name__}")
     if value is not None:
         check_int(f"{field}.vocab_size", value.vocab_size, 1, INT32_LIMIT, hi_open=True)
+    return value
+
+
+def _structured_outputs(field: str, value) -> StructuredOutputsParams | None:
+    if value is not None and not isinstance(value, StructuredOutputsParams):
+        raise TypeError(f"{field}: must be a jpaged.StructuredOutputsParams or None, got {type(value).__name__} "
+                        f"{show(value)}")
     return value
 
 
@@ -175,7 +184,10 @@ class SamplingParams:
     # with the rest of it (vLLM's rule; the engine reads these, and refuses bad_words without them).
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     best_of: int | None = None  # sample this many (>= n) and return the n with the best cumulative logprob
-    # Structured outputs: the matcher every sequence starts from (jpaged.core.constraints).
+    # Structured outputs: what the output must match (a JSON schema, regex, choice or grammar); the
+    # text front end compiles it into `constraint` with the model's tokenizer (the engine refuses it
+    # uncompiled), or a caller gives the matcher itself (jpaged.core.constraints).
+    structured_outputs: StructuredOutputsParams | None = None
     constraint: TokenConstraint | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +197,8 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens: must be <= max_tokens ({self.max_tokens}), "
                              f"got {self.min_tokens}")
+        if self.structured_outputs is not None and self.constraint is not None:
+            raise ValueError("SamplingParams.structured_outputs: give structured_outputs or constraint, not both")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"SamplingParams.best_of: must be >= n ({self.n}), got {self.best_of}")
         if self.best_of is not None and self.best_of > self.n and self.output_kind != "final":

@@ -22,6 +22,7 @@ from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
 from jpaged.text.bad_words import with_bad_word_ids
 from jpaged.text.output_text import OutputText
+from jpaged.text.structured_output import with_constraint
 from jpaged.text.tokenizer import Tokenizer
 
 
@@ -52,8 +53,9 @@ class _Request:
 
 def engine_params(params: SamplingParams, tokenizer: Tokenizer | None = None) -> SamplingParams:
     """The SamplingParams the engine gets: per-step deltas when the text must be seen as it grows,
-    bad words as token ids (with the model's `tokenizer`)."""
-    params = with_bad_word_ids(params, tokenizer)
+    bad words as token ids and structured outputs as a compiled constraint (with the model's
+    `tokenizer`; a malformed schema, regex or grammar is a ValueError naming it)."""
+    params = with_constraint(with_bad_word_ids(params, tokenizer), tokenizer)
     # (best_of > n ranks its samples at the end: their stop strings then cut the final texts only)
     needs_steps = params.output_kind != "final" or (bool(params.stop) and params.best_of in (None, params.n))
     return dataclasses.replace(params, output_kind="delta" if needs_steps else "final")

@@ -15,6 +15,7 @@ import pytest
 from experiments.bench.bench_host import BenchHostConfig
 from experiments.throughput import ThroughputConfig
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_from_dict, load_config
+from jpaged.core.constraints import StructuredOutputsParams as SOP
 from jpaged.core.sequence import SamplingParams as SP
 from jpaged.engine import LLMEngine
 from jpaged.paper.workloads import WorkloadConfig
@@ -220,6 +221,24 @@ CASES = [
     row("constraint-str", lambda e, d: SP(constraint="json"), TypeError, "SamplingParams.constraint", "TokenConstraint"),
     row("constraint-past-vocab", lambda e, d: e.add_request("x", [1, 2], SP(constraint=DigitsThenEos(
         [5], 2, VOCAB + 1))), ValueError, "sampling_params.constraint.vocab_size", str(VOCAB + 1)),
+    row("structured-outputs-str", lambda e, d: SP(structured_outputs="json"), TypeError,
+        "SamplingParams.structured_outputs", "StructuredOutputsParams", "'json'"),
+    row("structured-outputs-none-given", lambda e, d: SOP(), ValueError, "structured_outputs", "exactly one", "none"),
+    row("structured-outputs-two-given", lambda e, d: SOP(regex="a+", choice=["a"]), ValueError,
+        "structured_outputs", "regex and choice"),
+    row("structured-outputs-choice-str", lambda e, d: SOP(choice="yes"), TypeError, "structured_outputs.choice",
+        "'yes'"),
+    row("structured-outputs-choice-empty", lambda e, d: SOP(choice=[]), ValueError, "structured_outputs.choice", "[]"),
+    row("structured-outputs-choice-item", lambda e, d: SOP(choice=["a", 2]), TypeError,
+        "structured_outputs.choice[1]", "int 2"),
+    row("structured-outputs-regex-int", lambda e, d: SOP(regex=5), TypeError, "structured_outputs.regex", "int 5"),
+    row("structured-outputs-json-list", lambda e, d: SOP(json=[1]), TypeError, "structured_outputs.json", "[1]"),
+    row("structured-outputs-json-object-int", lambda e, d: SOP(json_object=1), TypeError,
+        "structured_outputs.json_object", "int 1"),
+    row("structured-outputs-and-constraint", lambda e, d: SP(structured_outputs=SOP(regex="a"), constraint=DigitsThenEos(
+        [5], 2, VOCAB)), ValueError, "SamplingParams.structured_outputs", "not both"),
+    row("structured-outputs-uncompiled", lambda e, d: e.add_request("x", [1, 2], SP(structured_outputs=SOP(
+        regex="[0-9]+"))), ValueError, "sampling_params.structured_outputs", "tokenizer"),
     row("beam-with-controls", lambda e, d: SP(n=2, use_beam_search=True, repetition_penalty=1.2, min_tokens=2,
                                               logit_bias={1: 1.0}, best_of=3), ValueError,
         "use_beam_search does not support", "repetition_penalty", "logit_bias", "min_tokens", "best_of"),

@@ -1,20 +1,29 @@
 """The sampling controls through the real engine: every control's seeded output is the same alone, in
 a crowd and under preemption (swap and recompute, both policies); neutral values change no greedy
-token; each control has its effect; best_of returns the n best; the structured-output seam."""
+token; each control has its effect; best_of returns the n best; the structured-output seam, with
+hand-written constraints and with llguidance grammars over a byte-level tokenizer of the vocabulary."""
 
 import functools
+import json
+import re
 
 import numpy as np
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.constraints import StructuredOutputsParams as SOP
 from jpaged.core.sequence import SamplingParams as SP
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
-from tests.helpers.constraints import BrokenConstraint, DigitsThenEos
+from jpaged.text.structured_output import compiler_for
+from tests.helpers.constraints import BrokenConstraint, DigitsThenEos, byte_tokenizer
+from tests.helpers.json_schema import errors
 
 EOS = 3
 DIGITS = range(20, 30)
+BYTES = byte_tokenizer(EOS)  # token b is byte b (but EOS): llguidance grammars over tiny-llama's vocabulary
+OBJECT = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"enum": ["a", "bc"]}},
+          "required": ["n", "tag"], "additionalProperties": False}
 
 
 def engine(*, block_size=16, num_blocks=64, num_host_blocks=0, mode="recompute", policy="chunked",
@@ -71,6 +80,10 @@ def controlled():
         ("grammar", list(range(4, 26)), SP(max_tokens=8, temperature=1.0, seed=8,
                                            constraint=DigitsThenEos(DIGITS, EOS, 256, max_digits=5))),
         ("top-p", list(range(120, 150)), SP(max_tokens=12, temperature=0.8, top_p=0.7, seed=9)),
+        ("json", list(range(33, 61)), SP(max_tokens=40, temperature=1.0, seed=10, constraint=compiler_for(
+            BYTES).constraint(SOP(json=OBJECT, disable_any_whitespace=True)))),
+        ("regex-n2", list(range(70, 99)), SP(n=2, max_tokens=8, temperature=1.0, seed=11, constraint=compiler_for(
+            BYTES).constraint(SOP(regex="[0-9a-f]{2,6}")))),
     ]
 
 
@@ -97,6 +110,9 @@ def test_every_control_is_seeded_alone_in_a_crowd_and_under_preemption(setting):
     if setting.get("num_blocks") == 10:
         assert eng.kv_stats()["num_preemptions"] > 0
     assert got == _alone()
+    (json_ids,), finish, _ = got["json"]  # the grammars' outputs are complete and valid
+    assert finish == ["stop"] and errors(json.loads(BYTES.decode(json_ids)), OBJECT) == []
+    assert all(re.fullmatch("[0-9a-f]{2,6}", BYTES.decode(ids)) for ids in got["regex-n2"][0])
 
 
 def test_neutral_controls_change_no_greedy_token():

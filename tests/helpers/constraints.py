@@ -1,8 +1,24 @@
-"""Hand-written TokenConstraints for tests of the structured-output seam (jpaged.core.constraints)."""
+"""Hand-written TokenConstraints for tests of the structured-output seam (jpaged.core.constraints), and
+a byte-level tokenizer over the tiny models' vocabulary so that real grammars run on them."""
 
 import numpy as np
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
 
 from jpaged.core.constraints import set_bits
+from jpaged.text.detokenizer import _gpt2_byte_decoder
+from jpaged.text.tokenizer import Tokenizer
+
+
+def byte_tokenizer(eos: int = 3) -> Tokenizer:
+    """256 tokens: token b is byte b, except `eos` (the tiny models' EOS id), the special <|eos|>."""
+    byte_char = {b: c for c, b in _gpt2_byte_decoder().items()}
+    vocab = {byte_char[b]: b for b in range(256) if b != eos} | {"<|eos|>": eos}
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|eos|>"])
+    return Tokenizer(backend, {"eos_token": "<|eos|>"}, source="byte_tokenizer")
 
 
 class DigitsThenEos:
