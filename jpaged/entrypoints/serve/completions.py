@@ -34,6 +34,7 @@ from jpaged.entrypoints.serve.responses import (
     sse,
     usage,
 )
+from jpaged.entrypoints.serve.structured import compiled
 from jpaged.text.tokenizer import check_encodable
 
 
@@ -90,6 +91,9 @@ class _Handler:
         prompts = await asyncio.to_thread(self._checked_prompts, body)  # off the event loop
         params = [body.sampling_params(self._max_tokens(body, p), self._logprobs(body), self.stream_interval)
                   for p in prompts]
+        structured = body.structured()
+        if structured is not None:  # off the event loop and the engine's thread: a big schema takes a while
+            params = await asyncio.to_thread(compiled, params, self.engine.tokenizer, structured[1])
         # All prompts go to the engine at once (each add waits for the engine thread's verdict).
         results = await asyncio.gather(*(self.engine.add_request(f"{request_id}-{i}", p.ids, sp,
                                                                  cache_salt=body.cache_salt)

@@ -1,7 +1,7 @@
 """Request fields jpaged accepts only at their neutral value, and the sampling controls' mapping.
 
 OpenAI's and vLLM's clients send fields jpaged does not implement, mostly at values that ask for
-nothing (`store: false`, `repetition_penalty: 1.0`, `response_format: {"type": "text"}`). Such a
+nothing (`store: false`, `repetition_penalty: 1.0`, `service_tier: "auto"`). Such a
 request is served; the same field at any other value is refused with a 400 naming it and saying
 why, so no request is silently served differently from what it asked. docs/notes/serving.md has
 the whole table (honoured / neutral-only / refused) with each reason.
@@ -34,11 +34,9 @@ _NO_TOOLS = "tool and function calls are not supported (no tool-call parser): on
 # field -> its neutral values and the reason others are refused. Fields of both routes unless
 # the route's model lacks them (`check_neutral` looks only at the fields a model has).
 NEUTRAL_ONLY: dict[str, Neutral] = {
-    # Later in jpaged (other branches): prompt log-probabilities, echo, structured outputs.
+    # Later in jpaged (other branches): prompt log-probabilities, echo.
     "echo": Neutral((False, None), f"{_LATER}: it comes with prompt log-probabilities"),
     "prompt_logprobs": Neutral((None,), f"{_LATER}: prompt log-probabilities"),
-    "response_format": Neutral((None, {"type": "text"}), f"{_LATER}: structured outputs"),
-    "structured_outputs": Neutral((None,), f"{_LATER}: structured outputs"),
     # Not planned: each needs a part jpaged does not have.
     "suffix": Neutral((None, ""), "insertion (text after the completion) is not supported"),
     "prompt_embeds": Neutral((None,), "embedding inputs are not supported: send text or token ids"),

@@ -16,9 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jpaged.core.constraints import StructuredOutputsParams
 from jpaged.core.sequence import MAX_LOGPROBS, SamplingParams
 from jpaged.entrypoints.serve.errors import RequestError
 from jpaged.entrypoints.serve.fields import check_neutral, sampling_controls
+from jpaged.entrypoints.serve.structured import ResponseFormat, StructuredOutputsRequest, structured_spec
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 TokenIds = list[int]
@@ -81,14 +83,15 @@ class _Request(BaseModel):
     mm_payload: Literal["tensors", "none"] = "tensors"  # render endpoints only
     return_mm_kwargs: bool | None = None  # render endpoints only
     stream_interval: int | None = Field(None, ge=1)  # below the server's --stream-interval: the server's
+    # Structured outputs (structured.py), honoured: OpenAI's response_format or vLLM's structured_outputs
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
     # Neutral only (fields.NEUTRAL_ONLY)
     prompt_logprobs: int | None = None
     logprob_token_ids: TokenIds | None = None
     spaces_between_special_tokens: bool = True
     priority: int = 0
     watermarking: bool | None = None
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
@@ -108,7 +111,12 @@ class _Request(BaseModel):
         if any(not -100.0 <= b <= 100.0 for b in (self.logit_bias or {}).values()):
             raise RequestError("logit_bias: biases must be in [-100, 100]", "logit_bias")
         check_neutral(self)
+        self.structured()  # a request that asks for two, or for none of structured_outputs' kinds
         return self
+
+    def structured(self) -> tuple[StructuredOutputsParams, str] | None:
+        """What the output must match and the request field that names it in errors, or None."""
+        return structured_spec(self.response_format, self.structured_outputs)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, stream_interval: int) -> SamplingParams:
         """The engine's SamplingParams (output_kind "delta" when streamed); `stream_interval` is the
@@ -118,6 +126,7 @@ class _Request(BaseModel):
                                "is not supported yet", "stream_interval")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         temperature = self.temperature if self.temperature is not None else (0.0 if self.use_beam_search else 1.0)
+        structured = self.structured()  # compiled later, by the handler (structured.compiled)
         try:
             return SamplingParams(
                 n=self.n, temperature=temperature, top_p=1.0 if self.top_p is None else self.top_p,
@@ -126,7 +135,8 @@ class _Request(BaseModel):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, logprobs=logprobs,
                 use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
-                output_kind="delta" if self.stream else "final", **sampling_controls(self))
+                output_kind="delta" if self.stream else "final", **sampling_controls(self),
+                structured_outputs=None if structured is None else structured[0])
         except (TypeError, ValueError) as exc:  # SamplingParams names its field: "SamplingParams.top_p: ..."
             if isinstance(exc, RequestError):
                 raise
