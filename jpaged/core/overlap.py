@@ -24,10 +24,11 @@ from jpaged.core.step_plan import SampleRows, StepPlan
 
 def can_follow(out: SchedulerOutput) -> bool:
     """Whether the step after `out` may be scheduled before `out`'s tokens are applied: `out`
-    samples exactly the running batch's decode rows, in the batch's order."""
+    samples exactly the running batch's decode rows, in the batch's order, and not every row
+    reaches its length limit with them (a step after would be all dropped rows)."""
     rows = out.plan.sampling
     return (out.batch is not None and rows is not None and not out.admitted and rows.num_batch_rows == len(rows)
-            == len(out.batch))
+            == len(out.batch) and len(rows.length_stops) < len(rows))
 
 
 def feed(plan: StepPlan, before: SampleRows | None, tokens: np.ndarray | list[int]) -> None:

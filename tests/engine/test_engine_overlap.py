@@ -143,6 +143,15 @@ def test_async_scheduling_is_refused_where_it_cannot_apply():
         SchedulerConfig(async_scheduling="yes")
 
 
+def test_async_scheduling_is_an_engine_argument():
+    """`LLM(..., async_scheduling=True)` and an engine YAML's `scheduler: {async_scheduling: true}`."""
+    from jpaged.config import config_from_dict
+    from jpaged.entrypoints.engine_args import engine_config
+
+    assert engine_config("tiny-opt", async_scheduling=True).scheduler.async_scheduling is True
+    assert config_from_dict(EngineConfig, {"scheduler": {"async_scheduling": True}}).scheduler.async_scheduling
+
+
 def test_timed_simulator_overlaps_the_host_with_its_steps():
     """With the simulator's step time really waited for, the overlapped loop launches steps ahead
     and its outputs equal the synchronous loop's (lengths: the simulator's tokens are synthetic)."""
