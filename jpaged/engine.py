@@ -220,13 +220,8 @@ class LLMEngine:
                 result = self.executor.collect(launched)
                 break
             except Exception:
-                failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
-                if not failures:
+                if not self._fail_own_rows(plan):
                     raise
-                now = self.executor.now()
-                for group, error in failures.items():
-                    self.postprocessor.fail_group(group, now, error)
-                plan.sampling = step_guard.without_groups(plan.sampling, failures)
         self._check_rows(plan, result)
         return result
 
@@ -252,15 +247,21 @@ class LLMEngine:
                 result = self.executor.execute(plan)
                 break
             except Exception:
-                failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
-                if not failures:
+                if not self._fail_own_rows(plan):
                     raise
-                now = self.executor.now()
-                for group, error in failures.items():
-                    self.postprocessor.fail_group(group, now, error)
-                plan.sampling = step_guard.without_groups(plan.sampling, failures)
         self._check_rows(plan, result)
         return result
+
+    def _fail_own_rows(self, plan: StepPlan) -> bool:
+        """After a failed step: ends the requests whose own sample rows cannot be prepared
+        (`step_guard.failing_groups`) and takes their rows out of `plan`; False when none does."""
+        failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
+        now = self.executor.now()
+        for group, error in failures.items():
+            self.postprocessor.fail_group(group, now, error)
+        if failures:
+            plan.sampling = step_guard.without_groups(plan.sampling, failures)
+        return bool(failures)
 
     def _check_rows(self, plan: StepPlan, result: ModelOutput) -> None:
         num_rows = 0 if plan.sampling is None else len(plan.sampling.seqs)
