@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.config.checks import check_str, show
-from jpaged.core import request_checks, step_guard
+from jpaged.core import overlap, request_checks, step_guard
 from jpaged.core.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.postprocess import Postprocessor
@@ -26,7 +26,7 @@ from jpaged.core.request_checks import CheckedRequest
 from jpaged.core.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_plan import ModelOutput, StepPlan
-from jpaged.executors.base import Executor
+from jpaged.executors.base import Executor, OverlapExecutor, PendingStep
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,9 @@ class LLMEngine:
             raise TypeError(f"executor: must implement the Executor protocol (execute(plan), now(), vocab_size, "
                             f"num_compilations), got {type(executor).__name__}")
         self.executor = executor if executor is not None else _default_executor(config)
+        self.overlapped = config.scheduler.async_scheduling
+        if self.overlapped:
+            _check_overlap(self.scheduler, self.executor)
         self.vocab_size = self.executor.vocab_size  # (None: the executor takes any token id)
         self.postprocessor = Postprocessor(self.scheduler)
         self.observers: list[EngineObserver] = []
@@ -71,6 +74,10 @@ class LLMEngine:
         self.num_prefill_tokens = 0  # prompt (and recomputed) tokens run through the model
         self.num_decode_tokens = 0  # sampled tokens fed back through the model
         self.num_seq_steps = 0  # sum over steps of sequences in the batch
+        # Overlapped loop: the launched step whose tokens are not applied yet, and its scheduling.
+        self._pending: tuple[SchedulerOutput, PendingStep] | None = None
+        self.num_steps_ahead = 0  # steps scheduled and launched before the step before them was applied
+        self.num_dropped_rows = 0  # rows of sequences that ended one step before theirs: never applied
 
     # ------------------------------------------------------------------ requests
 
@@ -170,28 +177,87 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """True while any request waits, runs, is swapped out, or has an unreported output."""
-        return self.scheduler.has_unfinished() or bool(self.postprocessor.outputs)
+        return self.scheduler.has_unfinished() or bool(self.postprocessor.outputs) or self._pending is not None
 
     # ------------------------------------------------------------------ stepping
 
     def step(self) -> list[RequestOutput]:
-        """Runs one iteration; returns the requests that finished in it (and streaming ones that moved)."""
-        out = self.scheduler.schedule()
-        for group, reason in out.rejected:
-            logger.warning("ending request %s: %s", group.request_id, reason)
-            self.postprocessor.finish_group(group, self.executor.now(), SequenceStatus.FINISHED_ABORTED, error=reason)
+        """Runs one iteration; returns the requests that finished in it (and streaming ones that moved).
+
+        Overlapped (`scheduler.async_scheduling`), an iteration applies the step launched by the
+        last one, so outputs come one call later; in the decode steady state it first schedules
+        and launches the next step (`jpaged.core.overlap`)."""
+        if self.overlapped:
+            return self._step_overlapped()
+        out = self._schedule()
         plan = out.plan
         if plan.num_seqs or plan.has_block_ops:
             started = self.executor.now()
             result = self._execute(plan)
-            now = self.executor.now()
-            self.num_steps += 1
-            self.num_seq_steps += plan.num_seqs
-            self.num_prefill_tokens += plan.num_prefill_tokens
-            self.num_decode_tokens += plan.num_tokens - plan.num_prefill_tokens
-            for observer in self.observers:
-                observer.on_step_executed(self, out, result, started, now)
-            self.postprocessor.update(out, result, started, now)
+            self._apply(out, result, started, self.executor.now())
+        return self._report(out)
+
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next step; requests it cannot ever run end with an error."""
+        out = self.scheduler.schedule()
+        for group, reason in out.rejected:
+            logger.warning("ending request %s: %s", group.request_id, reason)
+            self.postprocessor.finish_group(group, self.executor.now(), SequenceStatus.FINISHED_ABORTED, error=reason)
+        return out
+
+    def _apply(self, out: SchedulerOutput, result: ModelOutput, started: float, now: float) -> None:
+        """Counts an executed step, shows it to the observers and applies its tokens."""
+        plan = out.plan
+        self.num_steps += 1
+        self.num_seq_steps += plan.num_seqs
+        self.num_prefill_tokens += plan.num_prefill_tokens
+        self.num_decode_tokens += plan.num_tokens - plan.num_prefill_tokens
+        for observer in self.observers:
+            observer.on_step_executed(self, out, result, started, now)
+        self.postprocessor.update(out, result, started, now)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """One iteration of the overlapped loop: collect the pending step (scheduling and launching
+        the next one first in the decode steady state, while the device still runs it) and apply
+        it; with nothing pending then, schedule and launch a step and leave it pending."""
+        out = None  # the step applied in this iteration (observers see its end)
+        if self._pending is not None:
+            out, launched = self._pending
+            self._pending = None
+            self.num_dropped_rows += overlap.drop_finished_rows(out.plan)  # (ended since it was scheduled)
+            ahead = self.scheduler.schedule_decode() if overlap.can_follow(out) else None
+            result = self._collect(launched)
+            if ahead is not None:
+                # Step n+1's input ids are step n's tokens: its rows are step n's, in the same order.
+                overlap.feed(ahead.plan, out.plan.sampling, result.token_ids)
+                self._pending = (ahead, self.executor.launch(ahead.plan))
+                self.num_steps_ahead += 1
+            self._apply(out, result, launched.started, self.executor.now())
+            if ahead is not None:
+                ahead.batch.forget_sampled()  # (recorded by `_apply` for step n, after step n+1 was scheduled)
+        if self._pending is None:
+            scheduled = self._schedule()
+            if scheduled.plan.num_seqs or scheduled.plan.has_block_ops:
+                self._pending = (scheduled, self.executor.launch(scheduled.plan))
+            out = out or scheduled
+        return self._report(out)
+
+    def _collect(self, launched: PendingStep) -> ModelOutput:
+        """The launched step's tokens. A request whose own sample rows cannot be prepared ends alone
+        with an error, and the step is collected again without its rows (see `_execute`)."""
+        plan = launched.plan
+        while True:
+            try:
+                result = self.executor.collect(launched)
+                break
+            except Exception:
+                if not self._fail_own_rows(plan):
+                    raise
+        self._check_rows(plan, result)
+        return result
+
+    def _report(self, out: SchedulerOutput) -> list[RequestOutput]:
+        """The outputs collected since the last report; finished requests are forgotten."""
         outputs = self.postprocessor.drain()
         for output in outputs:
             if output.finished:
@@ -212,18 +278,27 @@ class LLMEngine:
                 result = self.executor.execute(plan)
                 break
             except Exception:
-                failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
-                if not failures:
+                if not self._fail_own_rows(plan):
                     raise
-                now = self.executor.now()
-                for group, error in failures.items():
-                    self.postprocessor.fail_group(group, now, error)
-                plan.sampling = step_guard.without_groups(plan.sampling, failures)
+        self._check_rows(plan, result)
+        return result
+
+    def _fail_own_rows(self, plan: StepPlan) -> bool:
+        """After a failed step: ends the requests whose own sample rows cannot be prepared
+        (`step_guard.failing_groups`) and takes their rows out of `plan`; False when none does."""
+        failures = step_guard.failing_groups(plan.sampling) if plan.sampling is not None else {}
+        now = self.executor.now()
+        for group, error in failures.items():
+            self.postprocessor.fail_group(group, now, error)
+        if failures:
+            plan.sampling = step_guard.without_groups(plan.sampling, failures)
+        return bool(failures)
+
+    def _check_rows(self, plan: StepPlan, result: ModelOutput) -> None:
         num_rows = 0 if plan.sampling is None else len(plan.sampling.seqs)
         if len(result.token_ids) != num_rows:
-            raise RuntimeError(f"{type(self.executor).__name__}.execute returned {len(result.token_ids)} tokens "
+            raise RuntimeError(f"{type(self.executor).__name__} returned {len(result.token_ids)} tokens "
                                f"for {num_rows} sample rows")
-        return result
 
     # ------------------------------------------------------------------ conveniences
 
@@ -313,6 +388,17 @@ class LLMEngine:
             "host_cache_offloads": tier["offloads"] if tier else 0,
             "host_cache_evictions": tier["evictions"] if tier else 0,
         }
+
+
+def _check_overlap(scheduler: Scheduler, executor: Executor) -> None:
+    """Refuses `scheduler.async_scheduling` where the overlapped loop cannot run."""
+    if not isinstance(executor, OverlapExecutor):
+        raise TypeError(f"scheduler.async_scheduling: {type(executor).__name__} cannot overlap steps (it has no "
+                         f"launch / collect); set async_scheduling to false")
+    if type(scheduler).schedule is not Scheduler.schedule:
+        # Its own `schedule` gates admission around every step, which a step scheduled ahead would skip.
+        raise ValueError(f"scheduler.async_scheduling: not supported with {type(scheduler).__name__} "
+                         f"(it overrides Scheduler.schedule); set async_scheduling to false")
 
 
 def _default_executor(config: EngineConfig) -> Executor:

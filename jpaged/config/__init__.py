@@ -98,6 +98,9 @@ class SchedulerConfig:
     # first, prompt chunks fill the rest of the token budget (vLLM v1, Sarathi-Serve)
     policy: Literal["paper", "chunked"] = "chunked"
     long_prefill_token_threshold: int = 0  # chunked: most prompt tokens one sequence computes per step; 0 = no cap
+    # Schedule and launch the next decode step before applying this one's tokens (vLLM's
+    # --async-scheduling): the host's work hides behind the device's; outputs are unchanged.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         _normalise(self, "scheduler", {
@@ -107,6 +110,7 @@ class SchedulerConfig:
             "preemption_mode": lambda f, v: check_choice(f, v, ("swap", "recompute")),
             "policy": lambda f, v: check_choice(f, v, ("paper", "chunked")),
             "long_prefill_token_threshold": lambda f, v: check_int(f, v, 0, MAX_TOKENS),
+            "async_scheduling": check_bool,
         })
         _check(self.max_num_batched_tokens >= self.max_num_seqs, "scheduler.max_num_batched_tokens",
                f"must be >= scheduler.max_num_seqs ({self.max_num_seqs}) so every running sequence's token "

@@ -153,6 +153,11 @@ class DecodeBatch:
         """Records the tokens the current step sampled, one per sequence, all appended."""
         self._sampled, self._sampled_step = tokens, self.num_steps
 
+    def forget_sampled(self) -> None:
+        """Drops the recorded tokens: recorded after the batch's next step was scheduled (the
+        overlapped loop feeds that step its input ids itself), they would pass for that step's."""
+        self._sampled = None
+
     def last_tokens(self) -> list[int] | np.ndarray:
         """[n] each sequence's last token: the step's input ids. The tokens the previous step
         recorded (`sampled`), when the batch did not change since (every step counts in

@@ -149,6 +149,32 @@ class Scheduler:
         """Decides the next step's batch (see the module docstring for the three passes)."""
         return self.schedule_step()
 
+    def schedule_decode(self) -> SchedulerOutput | None:
+        """The decode fast path alone: the running batch's next decode step when nothing changed
+        since the last step and admission would stop at once; else None, and nothing changed.
+        (The overlapped engine schedules a step ahead with it: `jpaged.core.overlap`.) None with a
+        host tier: a decode step's new blocks may evict cached ones to host, copies that
+        `schedule_step` settles step by step."""
+        if self.host_tier is not None:
+            return None
+        return self._steady_step()[0]
+
+    def _steady_step(self) -> tuple[SchedulerOutput | None, bool | None]:
+        """(the fast path's step or None, why admission stops: None when it would not)."""
+        batch = self.running_batch.steady(self.swapped)
+        if batch is None:
+            return None, None
+        # The decode fast path: the running set is as the last step left it and admission
+        # would stop at once, so the three passes come down to the batch's decode step.
+        tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
+        held_back = self.admission.blocked(self._may_admit(), tokens_left)  # (True: for lack of blocks)
+        if held_back is None:
+            return None, None
+        decoded = batch.step()
+        if decoded is None:
+            return None, held_back
+        return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, held_back, batch), held_back
+
     def schedule_step(self) -> SchedulerOutput:
         """The three passes (policies that gate admission override `schedule` around this), and
         the host tier's copies of the step: offloads of the device blocks it evicted, promotions of
@@ -167,17 +193,9 @@ class Scheduler:
 
     def _passes(self) -> SchedulerOutput:
         """The decode fast path, or the three passes."""
-        held_back = None
-        batch = self.running_batch.steady(self.swapped)
-        if batch is not None:
-            # The decode fast path: the running set is as the last step left it and admission
-            # would stop at once, so the three passes come down to the batch's decode step.
-            tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
-            held_back = self.admission.blocked(self._may_admit(), tokens_left)  # (True: for lack of blocks)
-            if held_back is not None:
-                decoded = batch.step()
-                if decoded is not None:
-                    return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, held_back, batch)
+        out, held_back = self._steady_step()
+        if out is not None:
+            return out
         step = StepDraft(PlanBuilder(self.block_manager), self.config.max_num_batched_tokens, held_back is True)
         if not self.chunked and not self.swapped:  # paper: prefill steps come first
             self.admission.admit(step, self._may_admit())

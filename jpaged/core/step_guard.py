@@ -28,8 +28,9 @@ def _rows_of_groups(rows: SampleRows) -> dict[SequenceGroup, list[int]]:
     return by_group
 
 
-def _subset(rows: SampleRows, keep: list[int]) -> SampleRows:
-    """The sample rows `keep` of `rows` (a new SampleRows; its batch is built afresh)."""
+def subset(rows: SampleRows, keep: list[int]) -> SampleRows:
+    """The sample rows `keep` of `rows` (a new SampleRows; its batch is built afresh; the batch's
+    stop shortcut is not kept, so the rows go through the row-by-row stop checks)."""
     seqs = [rows.seqs[r] for r in keep]
     groups = {id(s.group) for s in seqs}
     return SampleRows(seqs=seqs, logits_rows=rows.logits_rows[keep],
@@ -49,7 +50,7 @@ def failing_groups(rows: SampleRows) -> dict[SequenceGroup, str]:
     for group, keep in _rows_of_groups(rows).items():
         try:
             dataclasses.replace(group.sampling_params)  # re-runs SamplingParams.__post_init__
-            _subset(rows, keep).batch
+            subset(rows, keep).batch
         except Exception as exc:  # whatever it is, it is this request's alone
             failures[group] = f"request {group.request_id!r} failed in a step: {describe(exc)}"
     return failures
@@ -58,4 +59,4 @@ def failing_groups(rows: SampleRows) -> dict[SequenceGroup, str]:
 def without_groups(rows: SampleRows, groups) -> SampleRows | None:
     """`rows` without the rows of `groups` (None when no row is left)."""
     keep = [r for r, seq in enumerate(rows.seqs) if seq.group not in groups]
-    return _subset(rows, keep) if keep else None
+    return subset(rows, keep) if keep else None

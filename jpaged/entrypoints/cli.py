@@ -37,6 +37,8 @@ def _serve_parser(sub) -> None:
                         help="pre-store this prompt prefix in the prefix cache, never evicted (repeatable)")
     engine.add_argument("--policy", choices=["paper", "chunked"])
     engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
+    engine.add_argument("--async-scheduling", action="store_true", default=None,
+                        help="schedule the next decode step while the device runs this one (docs/notes/scheduling.md)")
     engine.add_argument("--attention-backend")
     engine.add_argument("--tensor-parallel-size", type=int, help="devices splitting every layer (across processes too)")
     hosts = p.add_argument_group("multi-process serving (jpaged.entrypoints.multihost)",

@@ -30,6 +30,7 @@ from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.padding import bucket
 from jpaged.core.step_plan import ModelOutput, StepPlan
+from jpaged.executors.base import PendingStep
 from jpaged.executors.sampling import sample
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
@@ -132,10 +133,16 @@ class JaxExecutor:
 
     def execute(self, plan: StepPlan) -> ModelOutput:
         """Applies offloads, swap-outs, swap-ins and copy-on-write, runs the step and samples on device."""
-        start = time.perf_counter()
         # Host-side inputs first: if a request's sampling settings cannot become device arrays, this
         # raises before any state changed, and the engine can fail that request and run the plan again.
-        batch = plan.sampling.batch if plan.sampling is not None else None
+        if plan.sampling is not None:
+            plan.sampling.batch  # noqa: B018 (built and cached for `collect`)
+        return self.collect(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Applies the block operations and dispatches the model step; its logits stay on device and
+        the call returns before they are computed (JAX dispatches asynchronously)."""
+        start = self.now()
         k_pool, v_pool = self.kv_pool
         if len(plan.offload_pairs):
             self._swap_out(k_pool, v_pool, plan.offload_pairs)
@@ -147,19 +154,24 @@ class JaxExecutor:
             pairs = np.zeros((bucket(len(plan.copy_pairs), minimum=4), 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
-        output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
+        logits = None
         if plan.num_seqs:
             step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
-            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # logits stay on device
-            self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
-            if batch is not None:
-                sampled = sample(logits, batch)
-                output = ModelOutput(token_ids=sampled.token_ids, logprobs=sampled.logprobs, top_ids=sampled.top_ids,
-                                     top_logprobs=sampled.top_logprobs, duration=0.0)
-            else:  # only prompt chunks that do not reach their ends: nothing to sample
-                logits.block_until_ready()
-        self.kv_pool = (k_pool, v_pool)
-        output.duration = time.perf_counter() - start
+            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # f32[S, V], on device
+        self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
+        return PendingStep(plan, start, logits)
+
+    def collect(self, pending: PendingStep) -> ModelOutput:
+        """Samples the plan's rows (as they are now) on device; only tokens and log-probabilities come back."""
+        rows, logits = pending.plan.sampling, pending.handle
+        output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
+        if logits is not None and rows is not None:
+            sampled = sample(logits, rows.batch)
+            output = ModelOutput(token_ids=sampled.token_ids, logprobs=sampled.logprobs, top_ids=sampled.top_ids,
+                                 top_logprobs=sampled.top_logprobs, duration=0.0)
+        elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample
+            logits.block_until_ready()
+        output.duration = self.now() - pending.started
         return output
 
     def _local_heads(self, index: tuple[slice, ...]) -> slice:

@@ -12,6 +12,7 @@ and die as in a real search and memory sharing can be measured; two branching mo
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,7 @@ import numpy as np
 from jpaged.config.presets import ModelSpec
 from jpaged.core.sequence import request_stream
 from jpaged.core.step_plan import ModelOutput, SampleRows, StepPlan
+from jpaged.executors.base import PendingStep
 from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
 from jpaged.paper.sim.gpus import GpuSpec, get_gpu
 from jpaged.paper.sim.profiled import FittedCostModel
@@ -32,23 +34,30 @@ CandidateSource = Callable[[SampleRows], tuple[np.ndarray, np.ndarray]]
 
 
 class SimExecutor:
-    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time."""
+    """Executor whose clock is virtual: each `execute` advances it by the step's modeled time (or,
+    `timed`, whose steps take their modeled time in wall time)."""
 
     num_compilations = 0  # nothing compiles: steps are priced, not run
 
     def __init__(self, spec: ModelSpec, cost: CostModelConfig = CostModelConfig(),
                  gpu: GpuSpec | str = "a100-40gb", tp: int = 1, dtype: str = "float16",
                  block_size: int = 16, *, fitted: FittedCostModel | None = None,
-                 candidates: CandidateSource | None = None) -> None:
+                 candidates: CandidateSource | None = None, timed: bool = False) -> None:
         """Times steps with a roofline `CostModel` of (spec, cost, gpu, tp, dtype, block_size), or, in
         profiled mode, with `fitted`, which then replaces it (the fit carries its own swap/copy model).
-        `candidates` gives beam rows their candidates (default `synthetic_candidates`)."""
+        `candidates` gives beam rows their candidates (default `synthetic_candidates`). `timed`: the
+        clock is wall time and a step's modeled time is really waited for, from its launch to its
+        collection, as a device would take it, so the host's work can overlap it (the overlapped
+        engine loop's measurement); otherwise the clock is virtual and nothing waits."""
         gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.cost_model = fitted or CostModel(spec, gpu, cost, tp=tp, dtype=dtype, block_size=block_size)
         self.vocab_size = spec.vocab_size  # the engine checks prompt token ids against it
         self.candidates = candidates or synthetic_candidates
-        self._clock = 0.0  # virtual seconds since the start of the run
-        self.busy_s = 0.0  # virtual seconds spent executing steps (the rest is idle waiting)
+        self.timed = timed
+        self._clock = 0.0  # virtual seconds since the start of the run (timed: unused)
+        self._start = time.perf_counter()  # timed: the clock's zero
+        self._device_free_at = 0.0  # timed: when the last launched step ends (steps run one after another)
+        self.busy_s = 0.0  # modeled seconds spent executing steps (the rest is idle waiting)
         self.num_steps = 0  # steps executed, including block-op-only steps
 
     def execute(self, plan: StepPlan) -> ModelOutput:
@@ -62,27 +71,68 @@ class SimExecutor:
         rows = plan.sampling
         # Synthetic samples before the clock moves: a failure leaves the executor as it was.
         top_ids, top_logprobs = self.candidates(rows) if rows is not None and rows.num_top else (None, None)
+        pending = self.launch(plan)
+        self._wait(pending)
+        return _output(rows, pending.handle[0], top_ids, top_logprobs)
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Prices the step and starts it: the virtual clock moves by its time, or (timed) the step
+        ends that long after the device is free; returns at once."""
+        started = self.now()
+        duration = self.step_time(plan)
+        self.busy_s += duration
+        self.num_steps += 1
+        if not self.timed:
+            self._clock += duration
+            return PendingStep(plan, started, (duration, None))
+        self._device_free_at = max(self._device_free_at, started) + duration
+        return PendingStep(plan, started, (duration, self._device_free_at))
+
+    def collect(self, pending: PendingStep) -> ModelOutput:
+        """The step's synthetic tokens for the rows its plan holds now; timed: waits until it ends."""
+        rows = pending.plan.sampling
+        top_ids, top_logprobs = self.candidates(rows) if rows is not None and rows.num_top else (None, None)
+        self._wait(pending)
+        return _output(rows, pending.handle[0], top_ids, top_logprobs)
+
+    def _wait(self, pending: PendingStep) -> None:
+        """Timed: sleeps until the launched step ends."""
+        ready_at = pending.handle[1]
+        if ready_at is not None:
+            wait = ready_at - self.now()
+            if wait > 0:
+                time.sleep(wait)
+
+    def step_time(self, plan: StepPlan) -> float:
+        """The plan's modeled seconds: swaps, copies, its batch priced in one step, and the host
+        tier's offloads beside it."""
         cost = self.cost_model
         duration = (cost.swap_time(len(plan.swap_out_pairs)) + cost.swap_time(len(plan.swap_in_pairs))
                     + cost.copy_time(len(plan.copy_pairs)))
         model = cost.step_time(plan.query_lens, plan.context_lens[: plan.num_seqs]) if plan.num_seqs else 0.0
+        # the host tier's offloads run beside the step (execute's docstring): the longer of the two
         duration += max(model, cost.swap_time(len(plan.offload_pairs))) if len(plan.offload_pairs) else model
-        self._clock += duration
-        self.busy_s += duration
-        self.num_steps += 1
-        if rows is None:
-            return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=duration)
-        return ModelOutput(token_ids=[SIMULATED_TOKEN] * len(rows), logprobs=None, top_ids=top_ids,
-                           top_logprobs=top_logprobs, duration=duration)
+        return duration
 
     def now(self) -> float:
-        """The virtual clock in seconds."""
-        return self._clock
+        """The clock in seconds: virtual, or (timed) wall time since the executor was built."""
+        return time.perf_counter() - self._start if self.timed else self._clock
 
     def advance_to(self, t: float) -> None:
-        """Moves the clock forward to `t` (an idle engine waiting for the next arrival); never back."""
-        if t > self._clock:
+        """Moves the clock forward to `t` (an idle engine waiting for the next arrival); never back.
+        Timed: sleeps until then."""
+        if self.timed:
+            time.sleep(max(0.0, t - self.now()))
+        elif t > self._clock:
             self._clock = t
+
+
+def _output(rows: SampleRows | None, duration: float, top_ids, top_logprobs) -> ModelOutput:
+    """A simulated step's answer: SIMULATED_TOKEN for every row, beam rows' candidates."""
+    if rows is None:
+        return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=duration)
+    return ModelOutput(token_ids=[SIMULATED_TOKEN] * len(rows), logprobs=None, top_ids=top_ids,
+                       top_logprobs=top_logprobs, duration=duration)
 
 
 def synthetic_candidates(rows: SampleRows) -> tuple[np.ndarray, np.ndarray]:
