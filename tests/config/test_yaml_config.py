@@ -4,6 +4,7 @@ tests/engine/test_engine_bad_input.py."""
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -12,24 +13,32 @@ import pytest
 from jpaged.config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
-# Config files named after a variant of an experiment: configs/<experiment>_<variant>.yaml.
-VARIANT_OF = {"kernel_bench_block_sizes": "kernel_bench", "kernel_bench_gpu_check": "kernel_bench",
-              "cpu_vs_vllm_bf16": "cpu_vs_vllm", "cpu_vs_vllm_bf16_pressure": "cpu_vs_vllm",
-              "profile_forward_bf16": "profile_forward"}
-# Experiments in a group folder, experiments/<group>/<experiment>.py; the figures are experiments/<experiment>/.
-GROUP_OF = {"bench_decode": "bench", "bench_host": "bench", "dense_bench": "bench", "profile_executor": "bench",
-            "profile_forward": "bench", "serve_real": "bench", "serve_vs_offline": "bench", "plan_transport": "bench",
-            "bench_host_peer": "peers", "cpu_vs_vllm": "peers", "serve_vs_vllm": "peers",
-            "train_lm": "lm", "train_tiny": "lm", "figure_moves": "report"}
+GROUPS = ("bench", "peers", "lm", "report")  # experiments/<group>/<experiment>.py; figures are experiments/<name>/
+
+
+def _module(name):
+    """The module `name` (experiments.x.y) or None when there is none."""
+    try:
+        return importlib.import_module(name) if importlib.util.find_spec(name) is not None else None
+    except ModuleNotFoundError:  # a parent package that does not exist
+        return None
 
 
 def config_class(stem):
-    name = VARIANT_OF.get(stem, "throughput" if stem.startswith("throughput") else stem)
-    group = GROUP_OF.get(name)
-    module = importlib.import_module(f"experiments.{group}.{name}" if group else f"experiments.{name}")
-    (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass)
-              if c.__module__ == module.__name__ and c.__name__.endswith("Config") and dataclasses.is_dataclass(c)]
-    return cls
+    """The Config dataclass of the experiment a configs/<stem>.yaml belongs to: the longest prefix of
+    the stem naming an experiment (a figure package, a module of a group, or a package's module named
+    by the rest, as conversation_cpu -> experiments/conversation/cpu.py); the rest names a variant."""
+    parts = stem.split("_")
+    for cut in range(len(parts), 0, -1):
+        name, rest = "_".join(parts[:cut]), "_".join(parts[cut:])
+        candidates = ([f"experiments.{name}.{rest}"] if rest else []) + [f"experiments.{name}"] + [
+            f"experiments.{group}.{name}" for group in GROUPS]
+        for module in filter(None, map(_module, candidates)):
+            classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                       if c.__module__ == module.__name__ and c.__name__.endswith("Config") and dataclasses.is_dataclass(c)]
+            if len(classes) == 1:
+                return classes[0]
+    raise LookupError(f"configs/{stem}.yaml: no experiment module with one *Config dataclass matches its name")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
