@@ -11,7 +11,7 @@ EOS_PROMPT = "x = 1"  # the asset's greedy continuation reaches an EOS id after 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla")
+    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla", warmup=False)
 
 
 def free_blocks(llm):
@@ -116,7 +116,7 @@ def test_engine_arguments_are_checked_by_name():
 
 
 def test_a_preset_without_tokenizer_takes_token_ids_only():
-    llm = LLM("tiny-llama", num_blocks=32, block_size=8, max_model_len=64, attention_backend="xla")
+    llm = LLM("tiny-llama", num_blocks=32, block_size=8, max_model_len=64, attention_backend="xla", warmup=False)
     assert llm.get_tokenizer() is None
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 4 and out.text == ""

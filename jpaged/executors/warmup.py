@@ -1,0 +1,181 @@
+"""Every program a config can need, compiled before the first request, and the disk cache behind them.
+
+`grid(config, vocab)` lists the programs the engine can produce under `config`, derived from the
+padding rules the scheduler and executor use (jpaged.core.padding) and the config's limits:
+
+- model steps: decode (T == S, M bucketed to the longest table) and steps with a prompt chunk
+  (T, S a power of two, M the full width), every padded shape the token, sequence and block budgets
+  allow (`padding.decode_shapes`, `padding.prefill_shapes`);
+- sampler variants (`sampling.SamplerVariant`): for each step's S, greedy or random, with no top
+  candidates or with each width of the ladder `sampling.top_width` up to what `logprobs`
+  (MAX_LOGPROBS) and beam search (2 x n, n up to max_num_seqs) ask;
+- block operations: copy-on-write pair arrays (at most one copy per running sequence a step) and,
+  under swap preemption with a host pool, swap-out and swap-in pair arrays.
+
+A new static variant of any stage is one more family in `grid`. `compile_grid` runs each program
+once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
+executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more.
+`enable_compilation_cache` keeps compiled programs on disk (`$JPAGED_CACHE_DIR/jax`, default
+~/.cache/jpaged/jax): a restart then traces and loads them instead of compiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jpaged.config import EngineConfig
+from jpaged.core import padding
+from jpaged.core.sequence import MAX_LOGPROBS
+from jpaged.core.step_plan import SamplingBatch, StepPlan
+from jpaged.executors.sampling import SamplerVariant, top_width
+
+if TYPE_CHECKING:
+    from jpaged.executors.jax import JaxExecutor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = "~/.cache/jpaged"
+# Programs that compile faster than this are not written to the disk cache: reading an entry back
+# costs a few milliseconds, and the smallest eager operations compile in about that.
+MIN_CACHED_COMPILE_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelStep:
+    """One padded shape of the jitted model step."""
+
+    kind: str  # "decode" (one token per sequence, T == S) or "prefill" (a step with a prompt chunk)
+    num_tokens: int  # T
+    num_seqs: int  # S
+    table_width: int  # M
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockOp:
+    """One padded size of a block operation's pair array."""
+
+    op: str  # "copy_blocks", "swap_out" or "swap_in"
+    num_pairs: int
+
+
+Program = ModelStep | SamplerVariant | BlockOp
+
+
+def model_steps(config: EngineConfig) -> list[ModelStep]:
+    """Every padded model-step shape the scheduler can build under `config`."""
+    sched, cache = config.scheduler, config.cache
+    max_blocks = -(-sched.max_model_len // cache.block_size)  # the block table's full width
+    decode = padding.decode_shapes(sched.max_num_seqs, max_blocks)
+    prefill = padding.prefill_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, max_blocks)
+    return [ModelStep("decode", *shape) for shape in decode] + [ModelStep("prefill", *shape) for shape in prefill]
+
+
+def sampler_variants(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[SamplerVariant]:
+    """Every sampler variant for steps of `seq_sizes` padded sequences over a vocabulary of `vocab`."""
+    # Top candidates: `logprobs` asks up to MAX_LOGPROBS, beam search 2 x n (n <= max_num_seqs; the
+    # request checks keep 2 x n within the vocabulary); a step may mix either with random rows.
+    most = min(max(MAX_LOGPROBS, 2 * config.scheduler.max_num_seqs), vocab)
+    tops = [0] + [width for _, width in padding.padded_sizes(lambda k: top_width(k, vocab), 1, most)]
+    return [SamplerVariant(size, top, any_random) for size in seq_sizes for any_random in (False, True)
+            for top in tops]
+
+
+def block_ops(config: EngineConfig) -> list[BlockOp]:
+    """Every padded block-operation size under `config`."""
+    ops = [BlockOp("copy_blocks", size) for _, size in padding.padded_sizes(padding.pair_bucket, 1,
+                                                                             config.scheduler.max_num_seqs)]
+    cache = config.cache
+    if config.scheduler.preemption_mode == "swap" and cache.num_host_blocks:
+        most = min(cache.num_usable_blocks, cache.num_host_blocks)  # one step moves at most this many
+        sizes = [size for _, size in padding.padded_sizes(padding.pair_bucket, 1, most)]
+        ops += [BlockOp(op, size) for op in ("swap_out", "swap_in") for size in sizes]
+    return ops
+
+
+def grid(config: EngineConfig, vocab: int) -> list[Program]:
+    """Every program the engine can run under `config`, in compile order: model steps, the sampler
+    (which samples the logits of a step of its S), block operations."""
+    steps = model_steps(config)
+    seq_sizes = sorted({step.num_seqs for step in steps})
+    return [*steps, *sampler_variants(config, seq_sizes, vocab), *block_ops(config)]
+
+
+def _padding_plan(step: ModelStep) -> StepPlan:
+    """A plan of `step`'s shape in which every row is padding: tokens write to block 0, no
+    sequence has context."""
+    tokens, seqs = np.zeros(step.num_tokens, np.int32), np.zeros(step.num_seqs, np.int32)
+    return StepPlan(num_seqs=0, num_tokens=0, max_query_len=1 if step.kind == "decode" else 2, token_ids=tokens,
+                    positions=tokens, slot_mapping=tokens, query_start_loc=np.zeros(step.num_seqs + 1, np.int32),
+                    context_lens=seqs, block_tables=np.zeros((step.num_seqs, step.table_width), np.int32),
+                    logits_indices=seqs)
+
+
+def _sampling_batch(variant: SamplerVariant) -> SamplingBatch:
+    """One row that makes `executor.sample` pick `variant`."""
+    one = lambda value, dtype: np.full(1, value, dtype)
+    return SamplingBatch(logits_rows=one(0, np.int32), temperature=one(float(variant.any_random), np.float32),
+                         top_k=one(0, np.int32), top_p=one(1.0, np.float32), seed=one(0, np.uint32),
+                         stream=one(0, np.int32), position=one(0, np.int32), num_top=variant.num_top)
+
+
+def _block_plan(op: BlockOp) -> StepPlan:
+    pairs = [(0, 0)] * op.num_pairs  # block 0 onto itself, or to and from host block 0
+    name = {"copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op]
+    return StepPlan.block_ops_only(**{name: pairs})
+
+
+def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool = True) -> dict:
+    """Compiles every program of `grid(config, executor.vocab_size)` by running it once on padding,
+    with a progress bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}.
+    Call it before the engine's first step, never while one runs (it uses the executor's pool)."""
+    programs = grid(config, executor.vocab_size)
+    start, cpu = time.perf_counter(), time.process_time()
+    logits: dict[int, jax.Array] = {}  # the logits of the last step compiled per S
+    bar = tqdm(programs, desc="compile", unit="program", disable=not progress)
+    for program in bar:
+        bar.set_postfix_str(_describe(program), refresh=False)
+        if isinstance(program, ModelStep):
+            logits[program.num_seqs] = executor.run_model(_padding_plan(program))
+        elif isinstance(program, SamplerVariant):
+            executor.sample(logits[program.num_rows], _sampling_batch(program))
+        else:
+            executor.execute(_block_plan(program))
+    jax.block_until_ready(executor.kv_pool)
+    bar.close()
+    report = {"num_programs": len(programs), "seconds": time.perf_counter() - start,
+              "cpu_seconds": time.process_time() - cpu, "num_compilations": executor.num_compilations}
+    log.info("compiled %d programs in %.1f s (%.1f s CPU)", report["num_programs"], report["seconds"],
+             report["cpu_seconds"])
+    return report
+
+
+def _describe(program: Program) -> str:
+    if isinstance(program, ModelStep):
+        return f"{program.kind} T={program.num_tokens} S={program.num_seqs} M={program.table_width}"
+    if isinstance(program, SamplerVariant):
+        return (f"sample S={program.num_rows} top={program.num_top} "
+                f"{'random' if program.any_random else 'greedy'}")
+    return f"{program.op} {program.num_pairs}"
+
+
+def enable_compilation_cache() -> Path | None:
+    """Points JAX's persistent compilation cache at `$JPAGED_CACHE_DIR/jax` (default
+    ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and returns that folder.
+    Call it before anything compiles: JAX decides at its first compilation whether a cache is used."""
+    root = os.environ.get("JPAGED_CACHE_DIR", DEFAULT_CACHE_DIR)
+    if not root:
+        return None
+    path = Path(root).expanduser() / "jax"
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
+    return path

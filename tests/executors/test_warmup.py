@@ -1,0 +1,100 @@
+"""The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs,
+top_k, seeds, swap preemption) compiles nothing: neither the engine's count nor JAX's own
+compile events move."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import jax
+import pytest
+
+from jpaged.core import padding
+from jpaged.core.sequence import SamplingParams
+from jpaged.entrypoints.engine_args import engine_config, load_engine
+from jpaged.executors import warmup
+
+# Small enough to compile its whole grid in seconds, tight enough in blocks to preempt by swapping.
+SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 32, "max_model_len": 64, "block_size": 8, "num_blocks": 20,
+         "num_host_blocks": 16, "preemption_mode": "swap", "attention_backend": "xla"}
+
+
+@contextlib.contextmanager
+def backend_compiles():
+    """The list of JAX backend compilations (XLA compiles, disk-cache hits too) while inside."""
+    events: list[str] = []
+
+    def listen(name: str, duration: float, **kwargs) -> None:
+        if name in ("/jax/core/compile/backend_compile_duration", "/jax/compilation_cache/cache_retrieval_time_sec"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    prompts, params = [], []
+    for i in range(count):
+        prompts.append([rng.randrange(3, 256) for _ in range(rng.randrange(1, 40))])
+        kind = i % 5
+        if kind == 0:  # beam search: top candidates, forks, copy-on-write
+            params.append(SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=rng.randrange(2, 12),
+                                         ignore_eos=True))
+        else:
+            params.append(SamplingParams(
+                n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]), top_k=rng.choice([0, 0, 5, 50]),
+                top_p=rng.choice([1.0, 0.9]), seed=rng.choice([None, i]), logprobs=rng.choice([None, 1, 5, 20]),
+                max_tokens=rng.randrange(1, 24), ignore_eos=True))
+    return prompts, params
+
+
+def test_grid_covers_mixed_load_without_compiling():
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    programs = warmup.grid(engine.config, engine.vocab_size)
+    report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+    # Every program of the grid counted once: the executor's keys are the grid's.
+    assert report["num_compilations"] == report["num_programs"] == len(programs)
+    warm = engine.kv_stats()["num_compilations"]
+    rng = random.Random(0)
+    with backend_compiles() as compiles:
+        for _ in range(3):
+            prompts, params = _mixed_requests(rng, 12)
+            outputs = engine.generate(prompts, params, use_tqdm=False)
+            assert all(out.finished for out in outputs)
+    stats = engine.kv_stats()
+    assert stats["num_preemptions"] > 0  # the load did preempt (swap)
+    assert stats["num_compilations"] == warm
+    assert compiles == []
+
+
+def test_unwarmed_engine_counts_sampler_and_block_programs():
+    """Without the warm-up the same load compiles, and the count includes the sampler's variants."""
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    prompts, params = _mixed_requests(random.Random(0), 6)
+    with backend_compiles() as compiles:
+        engine.generate(prompts, params, use_tqdm=False)
+    model_steps = engine.executor.runner.num_compilations
+    assert engine.kv_stats()["num_compilations"] > model_steps > 0
+    assert compiles  # (the listener the first test relies on hears them)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])  # the server's default and the benchmark's
+def test_grid_is_every_padded_shape(block_size):
+    """The grid's model steps are exactly the shapes the padding rule gives over the budgets."""
+    cfg = engine_config("tiny-llama", max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=512,
+                        block_size=block_size)
+    steps = warmup.model_steps(cfg)
+    max_blocks = -(-cfg.scheduler.max_model_len // cfg.cache.block_size)
+    decode = {(padding.bucket(n), padding.bucket(n), padding.table_width(b, max_blocks))
+              for n in range(1, 257) for b in range(1, max_blocks + 1)}
+    # n sequences computing t tokens, one of them at least 2: t >= n + 1.
+    prefill = {(padding.token_bucket(t, n, 2), padding.seq_bucket(n, 2), max_blocks)
+               for n in range(1, 257) for t in range(n + 1, 2049)}
+    got_decode = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "decode"}
+    got_prefill = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "prefill"}
+    assert got_decode == decode
+    assert got_prefill == prefill and len(steps) == len(set(steps))
