@@ -170,9 +170,11 @@ def _describe(program: Program) -> str:
 def enable_compilation_cache() -> Path | None:
     """Points JAX's persistent compilation cache at `$JPAGED_CACHE_DIR/jax` (default
     ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and returns that folder.
-    Call it before anything compiles: JAX decides at its first compilation whether a cache is used."""
+    A cache folder JAX already has (JAX_COMPILATION_CACHE_DIR, jax.config) is kept, and None
+    returned. Call it before anything compiles: JAX decides at its first compilation whether a
+    cache is used."""
     root = os.environ.get("JPAGED_CACHE_DIR", DEFAULT_CACHE_DIR)
-    if not root:
+    if not root or jax.config.jax_compilation_cache_dir:
         return None
     path = Path(root).expanduser() / "jax"
     path.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,12 @@ compile events move."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -15,6 +20,7 @@ from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.engine_args import engine_config, load_engine
 from jpaged.executors import warmup
 
+REPO = Path(__file__).resolve().parents[2]
 # Small enough to compile its whole grid in seconds, tight enough in blocks to preempt by swapping.
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 32, "max_model_len": 64, "block_size": 8, "num_blocks": 20,
          "num_host_blocks": 16, "preemption_mode": "swap", "attention_backend": "xla"}
@@ -98,3 +104,35 @@ def test_grid_is_every_padded_shape(block_size):
     got_prefill = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "prefill"}
     assert got_decode == decode
     assert got_prefill == prefill and len(steps) == len(set(steps))
+
+
+_CACHE_SCRIPT = """
+import json, jax
+from jpaged.executors import warmup
+path = warmup.enable_compilation_cache()
+hits = []
+jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+from jpaged.entrypoints.engine_args import load_engine
+engine, _ = load_engine("tiny-llama", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=8,
+                        num_blocks=20, attention_backend="xla")
+report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+print(json.dumps({"path": str(path), "hits": len(hits), "model_steps": len(warmup.model_steps(engine.config))}))
+"""
+
+
+def test_restart_loads_the_grid_from_the_disk_cache(tmp_path):
+    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every model step from it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (the test session's own cache: conftest.py)
+    env.update(JPAGED_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], cwd=REPO, env=env, check=True,
+                                      capture_output=True, text=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["path"] == str(tmp_path / "jax") and any((tmp_path / "jax").iterdir())
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= runs[1]["model_steps"]
+
+
+def test_a_cache_jax_already_has_is_kept():
+    """conftest.py gives this session its own cache through JAX_COMPILATION_CACHE_DIR: it stays."""
+    before = jax.config.jax_compilation_cache_dir
+    assert before and warmup.enable_compilation_cache() is None
+    assert jax.config.jax_compilation_cache_dir == before
