@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jpaged.core import padding
 from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import SamplingBatch
 from jpaged.entrypoints.engine_args import engine_config, load_engine
-from jpaged.executors import warmup
+from jpaged.executors import sampling, warmup
 
 REPO = Path(__file__).resolve().parents[2]
 # Small enough to compile its whole grid in seconds, tight enough in blocks to preempt by swapping.
@@ -108,7 +111,7 @@ def test_grid_is_every_padded_shape(block_size):
 
 _CACHE_SCRIPT = """
 import json, jax
-from jpaged.executors import warmup
+from jpaged.executors import sampling, warmup
 path = warmup.enable_compilation_cache()
 hits = []
 jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
@@ -136,3 +139,25 @@ def test_a_cache_jax_already_has_is_kept():
     before = jax.config.jax_compilation_cache_dir
     assert before and warmup.enable_compilation_cache() is None
     assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike():
+    """A fresh prompt fanning out can give a step more sample rows than its S: the executor samples
+    them S at a time (the sampler variant stays the step's); every row gets what one call over
+    wider logits gives it."""
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    vocab, rng = engine.vocab_size, np.random.default_rng(0)
+    logits = rng.normal(size=(8, vocab)).astype(np.float32)  # [S, V]: a step of 8 padded sequences
+    rows = 20
+    batch = SamplingBatch(logits_rows=rng.integers(0, 8, rows).astype(np.int32),
+                          temperature=rng.choice([0.0, 1.0], rows).astype(np.float32),
+                          top_k=rng.choice([0, 5], rows).astype(np.int32), top_p=np.ones(rows, np.float32),
+                          seed=np.arange(rows, dtype=np.uint32), stream=np.arange(rows, dtype=np.int32),
+                          position=np.full(rows, 7, np.int32), num_top=5)
+    sliced = engine.executor.sample(jnp.asarray(logits), batch)
+    wide = np.concatenate([logits, np.zeros((24, vocab), np.float32)])  # [32, V]: room for every row at once
+    whole = sampling.sample(jnp.asarray(wide), batch)
+    for field in ("token_ids", "top_ids"):
+        np.testing.assert_array_equal(getattr(sliced, field), getattr(whole, field))
+    for field in ("logprobs", "top_logprobs"):  # (another program shape: the last bit may round differently)
+        np.testing.assert_allclose(getattr(sliced, field), getattr(whole, field), rtol=1e-6, atol=1e-6)
