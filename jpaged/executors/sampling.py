@@ -31,7 +31,7 @@ import numpy as np
 from jpaged.core.padding import bucket
 from jpaged.core.sampling_controls import SamplingControls
 from jpaged.core.step_plan import SamplingBatch
-from jpaged.executors.draw import DrawMode, draw, draw_mode, row_keys
+from jpaged.executors.draw import CANDIDATE_LIMIT, DrawMode, draw, draw_mode, row_keys
 from jpaged.executors.logits_controls import DeviceControls, apply_controls, padded_controls
 
 
@@ -148,6 +148,11 @@ def _draw_settings(batch: SamplingBatch, vocab: int) -> tuple[np.ndarray, DrawMo
     """The rows' top_k as the draw reads it (k >= V keeps every token: 0) and the step's DrawMode."""
     top_k = np.where(batch.top_k >= vocab, 0, batch.top_k)
     mode = draw_mode(batch.temperature, top_k, batch.top_p)
+    if mode is not None and mode.full_top_k:
+        # A top_k above the candidate limit is rare: its steps run the widest mode, which draws the
+        # same tokens (each path leaves the rows that do not need it alone, and the candidates'
+        # draw does not depend on the width), so 5 of draw_mode's 13 variants are never compiled.
+        mode = DrawMode(num_candidates=CANDIDATE_LIMIT, full_top_k=True, full_top_p=True)
     if mode is not None and mode.num_candidates > vocab:
         mode = mode._replace(num_candidates=vocab)
     return top_k, mode

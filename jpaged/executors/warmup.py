@@ -6,9 +6,14 @@ padding rules the scheduler and executor use (jpaged.core.padding) and the confi
 - model steps: decode (T == S, M bucketed to the longest table) and steps with a prompt chunk
   (T, S a power of two, M the full width), every padded shape the token, sequence and block budgets
   allow (`padding.decode_shapes`, `padding.prefill_shapes`);
-- sampler variants (`sampling.SamplerVariant`): for each step's S, greedy or random, with no top
-  candidates or with each width of the ladder `sampling.top_width` up to what `logprobs`
-  (MAX_LOGPROBS) and beam search (2 x n, n up to max_num_seqs) ask;
+- sampler programs (jpaged.executors.sampling; three calls whose variants add up): for each
+  step's S, the choice (`DrawVariant`) in every draw mode a batch of at most S rows can produce
+  (8 with two rows: draw_mode's 13, those with a top_k above 64 run as the widest; 5 with one), with and without processed
+  logits; the top candidates (`TopVariant`) at each width of the ladder `sampling.top_width` up to
+  what `logprobs` (MAX_LOGPROBS) and beam search (2 x n, n up to max_num_seqs) ask; the controls
+  (`ControlsVariant`) of penalties alone at each history width of `padding.control_width` up to
+  max_model_len. Other control combinations (logit_bias, banned tokens, allowed tokens, several
+  at once) compile on first use: the executor counts them and logs each;
 - block operations: copy-on-write pair arrays (at most one copy per running sequence a step) and,
   under swap preemption with a host pool, swap-out and swap-in pair arrays.
 
@@ -34,9 +39,11 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.core import padding
+from jpaged.core.sampling_controls import SamplingControls
 from jpaged.core.sequence import MAX_LOGPROBS
 from jpaged.core.step_plan import SamplingBatch, StepPlan
-from jpaged.executors.sampling import SamplerVariant, top_width
+from jpaged.executors import sampling
+from jpaged.executors.sampling import ControlsVariant, DrawVariant, SamplerProgram, TopVariant, top_width
 
 if TYPE_CHECKING:
     from jpaged.executors.jax import JaxExecutor
@@ -67,7 +74,7 @@ class BlockOp:
     num_pairs: int
 
 
-Program = ModelStep | SamplerVariant | BlockOp
+Program = ModelStep | SamplerProgram | BlockOp
 
 
 def model_steps(config: EngineConfig) -> list[ModelStep]:
@@ -79,14 +86,56 @@ def model_steps(config: EngineConfig) -> list[ModelStep]:
     return [ModelStep("decode", *shape) for shape in decode] + [ModelStep("prefill", *shape) for shape in prefill]
 
 
-def sampler_variants(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[SamplerVariant]:
-    """Every sampler variant for steps of `seq_sizes` padded sequences over a vocabulary of `vocab`."""
-    # Top candidates: `logprobs` asks up to MAX_LOGPROBS, beam search 2 x n (n <= max_num_seqs; the
-    # request checks keep 2 x n within the vocabulary); a step may mix either with random rows.
-    most = min(max(MAX_LOGPROBS, 2 * config.scheduler.max_num_seqs), vocab)
-    tops = [0] + [width for _, width in padding.padded_sizes(lambda k: top_width(k, vocab), 1, most)]
-    return [SamplerVariant(size, top, any_random) for size in seq_sizes for any_random in (False, True)
-            for top in tops]
+# Random rows whose settings reach every draw mode (jpaged.executors.draw.draw_mode): (top_k, top_p)
+# as a candidate width (16, 64), the full-vocabulary top-k (above 64) and top-p; a mode needs at
+# most two such rows.
+_DRAW_ROWS = [(0, 1.0), (0, 0.9), (16, 1.0), (64, 1.0), (65, 1.0), (65, 0.9)]
+
+
+def _batch(settings: list[tuple[float, int, float]], num_top: int = 0,
+           controls: SamplingControls | None = None) -> SamplingBatch:
+    """Rows of (temperature, top_k, top_p) reading logits row 0."""
+    t, k, p = (np.array(v) for v in zip(*settings))
+    z = np.zeros(len(settings), np.int32)
+    return SamplingBatch(logits_rows=z, temperature=t.astype(np.float32), top_k=k.astype(np.int32),
+                         top_p=p.astype(np.float32), seed=z.astype(np.uint32), stream=z, position=z,
+                         num_top=num_top, min_p=np.zeros(len(settings), np.float32), controls=controls)
+
+
+def _penalties(num_rows: int, history: int) -> SamplingControls:
+    """A repetition penalty on every row over a history list of `history` ids."""
+    penalties = np.tile(np.array([0.0, 0.0, 1.1], np.float32), (num_rows, 1))
+    return SamplingControls(penalties=penalties, history=np.zeros((num_rows, history), np.int32),
+                            output_start=np.zeros(num_rows, np.int32))
+
+
+def sampler_batches(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[tuple[int, SamplingBatch]]:
+    """(S, batch) pairs whose sampling runs every sampler program of the grid: every draw mode of at
+    most S rows plain and processed, every top-candidate width, penalties at every history width."""
+    batches = []
+    pairs = [[(1.0, *a)] for a in _DRAW_ROWS] + [[(1.0, *a), (1.0, *b)] for i, a in enumerate(_DRAW_ROWS)
+                                                   for b in _DRAW_ROWS[i + 1:]]
+    most_top = min(max(MAX_LOGPROBS, 2 * config.scheduler.max_num_seqs), vocab)
+    tops = [width for _, width in padding.padded_sizes(lambda k: top_width(k, vocab), 1, most_top)]
+    histories = [width for _, width in padding.padded_sizes(padding.control_width, 1,
+                                                              config.scheduler.max_model_len)]
+    for size in seq_sizes:
+        batches.append((size, _batch([(0.0, 0, 1.0)])))  # all greedy
+        for rows in [[(0.0, 0, 1.0)], *pairs]:
+            if len(rows) <= size:
+                batches.append((size, _batch(rows)))
+                batches.append((size, _batch(rows, controls=_penalties(len(rows), histories[0]))))
+        batches += [(size, _batch([(0.0, 0, 1.0)], num_top=top)) for top in tops]
+        batches += [(size, _batch([(0.0, 0, 1.0)], controls=_penalties(1, width))) for width in histories[1:]]
+    return batches
+
+
+def sampler_programs(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[SamplerProgram]:
+    """Every sampler program of the grid for steps of `seq_sizes` padded sequences, in compile order."""
+    programs: dict[SamplerProgram, None] = {}
+    for size, batch in sampler_batches(config, seq_sizes, vocab):
+        programs.update(dict.fromkeys(sampling.programs_of(batch, size, vocab)))
+    return list(programs)
 
 
 def block_ops(config: EngineConfig) -> list[BlockOp]:
@@ -106,7 +155,7 @@ def grid(config: EngineConfig, vocab: int) -> list[Program]:
     (which samples the logits of a step of its S), block operations."""
     steps = model_steps(config)
     seq_sizes = sorted({step.num_seqs for step in steps})
-    return [*steps, *sampler_variants(config, seq_sizes, vocab), *block_ops(config)]
+    return [*steps, *sampler_programs(config, seq_sizes, vocab), *block_ops(config)]
 
 
 def _padding_plan(step: ModelStep) -> StepPlan:
@@ -119,14 +168,6 @@ def _padding_plan(step: ModelStep) -> StepPlan:
                     logits_indices=seqs)
 
 
-def _sampling_batch(variant: SamplerVariant) -> SamplingBatch:
-    """One row that makes `executor.sample` pick `variant`."""
-    one = lambda value, dtype: np.full(1, value, dtype)
-    return SamplingBatch(logits_rows=one(0, np.int32), temperature=one(float(variant.any_random), np.float32),
-                         top_k=one(0, np.int32), top_p=one(1.0, np.float32), seed=one(0, np.uint32),
-                         stream=one(0, np.int32), position=one(0, np.int32), num_top=variant.num_top)
-
-
 def _block_plan(op: BlockOp) -> StepPlan:
     pairs = [(0, 0)] * op.num_pairs  # block 0 onto itself, or to and from host block 0
     name = {"copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op]
@@ -137,20 +178,32 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
     """Compiles every program of `grid(config, executor.vocab_size)` by running it once on padding,
     with a progress bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}.
     Call it before the engine's first step, never while one runs (it uses the executor's pool)."""
-    programs = grid(config, executor.vocab_size)
+    vocab = executor.vocab_size
+    programs = grid(config, vocab)
+    steps = [p for p in programs if isinstance(p, ModelStep)]
+    ops = [p for p in programs if isinstance(p, BlockOp)]
     start, cpu = time.perf_counter(), time.process_time()
     logits: dict[int, jax.Array] = {}  # the logits of the last step compiled per S
-    bar = tqdm(programs, desc="compile", unit="program", disable=not progress)
-    for program in bar:
-        bar.set_postfix_str(_describe(program), refresh=False)
-        if isinstance(program, ModelStep):
-            logits[program.num_seqs] = executor.run_model(_padding_plan(program))
-        elif isinstance(program, SamplerVariant):
-            executor.sample(logits[program.num_rows], _sampling_batch(program))
-        else:
-            executor.execute(_block_plan(program))
+    bar = tqdm(total=len(programs), desc="compile", unit="program", disable=not progress)
+    for step in steps:
+        bar.set_postfix_str(_describe(step), refresh=False)
+        logits[step.num_seqs] = executor.run_model(_padding_plan(step))
+        bar.update()
+    seen: set[SamplerProgram] = set()
+    for size, batch in sampler_batches(config, sorted(logits), vocab):
+        new = [p for p in sampling.programs_of(batch, size, vocab) if p not in seen]
+        if new:  # (a batch of programs all run already is skipped)
+            bar.set_postfix_str(_describe(new[0]), refresh=False)
+            executor.sample(logits[size], batch)
+            seen.update(new)
+            bar.update(len(new))
+    for op in ops:
+        bar.set_postfix_str(_describe(op), refresh=False)
+        executor.execute(_block_plan(op))
+        bar.update()
     jax.block_until_ready(executor.kv_pool)
     bar.close()
+    executor.warmed_up = True
     report = {"num_programs": len(programs), "seconds": time.perf_counter() - start,
               "cpu_seconds": time.process_time() - cpu, "num_compilations": executor.num_compilations}
     log.info("compiled %d programs in %.1f s (%.1f s CPU)", report["num_programs"], report["seconds"],
@@ -161,9 +214,12 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
 def _describe(program: Program) -> str:
     if isinstance(program, ModelStep):
         return f"{program.kind} T={program.num_tokens} S={program.num_seqs} M={program.table_width}"
-    if isinstance(program, SamplerVariant):
-        return (f"sample S={program.num_rows} top={program.num_top} "
-                f"{'random' if program.any_random else 'greedy'}")
+    if isinstance(program, DrawVariant):
+        return f"sample S={program.num_rows} draw={program.mode} controlled={program.controlled}"
+    if isinstance(program, TopVariant):
+        return f"top S={program.num_rows} width={program.num_top}"
+    if isinstance(program, ControlsVariant):
+        return f"controls S={program.num_rows} history={program.history}"
     return f"{program.op} {program.num_pairs}"
 
 

@@ -1,5 +1,5 @@
 """The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs,
-top_k, seeds, swap preemption) compiles nothing: neither the engine's count nor JAX's own
+top_k, top_p, min_p, penalties, seeds, swap preemption) compiles nothing: neither the engine's count nor JAX's own
 compile events move."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from jpaged.core import padding
+from jpaged.core.constraints import bitmask_words
+from jpaged.core.sampling_controls import SamplingControls
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import SamplingBatch
 from jpaged.entrypoints.engine_args import engine_config, load_engine
@@ -53,11 +55,13 @@ def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], li
         if kind == 0:  # beam search: top candidates, forks, copy-on-write
             params.append(SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=rng.randrange(2, 12),
                                          ignore_eos=True))
-        else:
+        else:  # every draw mode (top_k up to and past the candidate limit), min_p, the penalties
+            penalty = rng.choice(["", "repetition_penalty", "frequency_penalty", "presence_penalty"])
             params.append(SamplingParams(
-                n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]), top_k=rng.choice([0, 0, 5, 50]),
-                top_p=rng.choice([1.0, 0.9]), seed=rng.choice([None, i]), logprobs=rng.choice([None, 1, 5, 20]),
-                max_tokens=rng.randrange(1, 24), ignore_eos=True))
+                n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]),
+                top_k=rng.choice([0, 0, 5, 50, 100]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]),
+                seed=rng.choice([None, i]), logprobs=rng.choice([None, 1, 5, 20]), max_tokens=rng.randrange(1, 24),
+                ignore_eos=True, **({penalty: 1.2} if penalty else {})))
     return prompts, params
 
 
@@ -153,7 +157,16 @@ def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike()
                           temperature=rng.choice([0.0, 1.0], rows).astype(np.float32),
                           top_k=rng.choice([0, 5], rows).astype(np.int32), top_p=np.ones(rows, np.float32),
                           seed=np.arange(rows, dtype=np.uint32), stream=np.arange(rows, dtype=np.int32),
-                          position=np.full(rows, 7, np.int32), num_top=5)
+                          position=np.full(rows, 7, np.int32), num_top=5,
+                          min_p=rng.choice([0.0, 0.1], rows).astype(np.float32))
+    # Controls split with the rows: penalties on every row, rows 3 and 17 restricted to tokens 0..63.
+    allowed_rows = np.array([3, 17], np.int32)
+    masks = np.zeros((2, bitmask_words(vocab)), np.int32)
+    masks[:, :2] = -1
+    batch.controls = SamplingControls(
+        penalties=np.tile(np.array([0.5, 0.2, 1.3], np.float32), (rows, 1)),
+        history=rng.integers(0, vocab, (rows, 16)).astype(np.int32), output_start=np.full(rows, 4, np.int32),
+        allowed_rows=allowed_rows, allowed_masks=masks)
     sliced = engine.executor.sample(jnp.asarray(logits), batch)
     wide = np.concatenate([logits, np.zeros((24, vocab), np.float32)])  # [32, V]: room for every row at once
     whole = sampling.sample(jnp.asarray(wide), batch)
