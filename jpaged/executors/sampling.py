@@ -158,11 +158,9 @@ def _draw_settings(batch: SamplingBatch, vocab: int) -> tuple[np.ndarray, DrawMo
     return top_k, mode
 
 
-def _controls_variant(controls: DeviceControls) -> ControlsVariant:
-    width = lambda a: 0 if a is None else a.shape[1]
-    return ControlsVariant(len(controls.output_start if controls.output_start is not None else
-                               next(a for a in controls if a is not None)),
-                           width(controls.history), width(controls.bias_ids), width(controls.banned),
+def _controls_variant(controls: DeviceControls, num_rows: int) -> ControlsVariant:
+    width = lambda a: 0 if a is None else a.shape[1]  # (a step's controls may all be None: a neutral call)
+    return ControlsVariant(num_rows, width(controls.history), width(controls.bias_ids), width(controls.banned),
                            controls.allowed is not None)
 
 
@@ -197,7 +195,7 @@ def programs_of(batch: SamplingBatch, num_rows: int, vocab: int) -> list[Sampler
     """The sampler programs that sample `batch` (at most `num_rows` rows) from logits [num_rows, vocab]."""
     programs: list[SamplerProgram] = []
     if batch.controls is not None:
-        programs.append(_controls_variant(padded_controls(batch.controls, num_rows, vocab)))
+        programs.append(_controls_variant(padded_controls(batch.controls, num_rows, vocab), num_rows))
     programs.append(DrawVariant(num_rows, _draw_settings(batch, vocab)[1], batch.controls is not None))
     if batch.num_top:
         programs.append(TopVariant(num_rows, top_width(batch.num_top, vocab)))
