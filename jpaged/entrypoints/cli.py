@@ -59,8 +59,11 @@ def _serve_parser(sub) -> None:
                        help="seconds to wait at start-up for every process to join")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="skip compiling the smallest steps at start (/health answers 200 at once)")
+    p.add_argument("--warmup", choices=["grid", "smallest", "none"], default="grid",
+                   help="what compiles before /health answers 200: every step shape and sampler program (grid; "
+                        "compiled programs are cached under $JPAGED_CACHE_DIR, default ~/.cache/jpaged), the "
+                        "smallest prefill and decode steps only, or nothing (the rest compiles on first use)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_const", const="none", help="--warmup none")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="on SIGTERM / SIGINT, seconds open requests get to finish before the rest are aborted")
     p.add_argument("--disable-access-log", action="store_true")

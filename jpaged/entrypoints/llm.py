@@ -25,6 +25,7 @@ from jpaged.config import EngineConfig
 from jpaged.core.outputs import RequestOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.engine_args import load_engine
+from jpaged.executors.warmup import compile_grid, enable_compilation_cache
 from jpaged.text.output_processor import OutputProcessor, engine_params, prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
@@ -46,13 +47,19 @@ class LLM:
     """An engine with its tokenizer, for offline batches of prompts."""
 
     def __init__(self, model: str, *, config: EngineConfig | str | Path | None = None,
-                 tokenizer: str | None = None, **engine_args: Any):
+                 tokenizer: str | None = None, warmup: bool = True, **engine_args: Any):
         """`model`: a preset name or a local HF directory; `config`: a base EngineConfig or its YAML;
-        `tokenizer`: another local HF directory to take the tokenizer from; `engine_args`: config
-        fields by name (block_size, num_blocks, max_num_seqs, max_model_len, dtype, policy, ...) and
-        `pinned_prefixes` (texts or token id lists pre-stored before serving: `pin_prefix`)."""
+        `tokenizer`: another local HF directory to take the tokenizer from; `warmup`: compile every
+        step shape and sampler variant the config can produce now (jpaged.executors.warmup; False:
+        each compiles on first use); `engine_args`: config fields by name (block_size, num_blocks,
+        max_num_seqs, max_model_len, dtype, policy, ...) and `pinned_prefixes` (texts or token id
+        lists pre-stored before serving: `pin_prefix`). Compiled programs are cached on disk
+        under $JPAGED_CACHE_DIR (default ~/.cache/jpaged), so a second LLM of the same config
+        compiles nothing."""
         self.model = model
+        enable_compilation_cache()  # before the engine compiles anything
         self.engine, self.tokenizer = load_engine(model, config, tokenizer, **engine_args)
+        self.warmup_report = compile_grid(self.engine.executor, self.engine.config) if warmup else None
         self._processor = OutputProcessor(self.engine, self.tokenizer)
         self._num_requests = 0
 

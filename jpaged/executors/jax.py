@@ -7,7 +7,9 @@ log-probabilities come back to the host. Block operations run in the order the s
 on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out
 may reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
-Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
+Pair arrays are padded to buckets so block operations do not recompile either. Every program a
+config can need (model steps, sampler variants, block operations) is compiled before serving by
+jpaged.executors.warmup; `num_compilations` counts the distinct ones this executor has run.
 
 With `model.tensor_parallel_size > 1` (jpaged.models.parallel) the weights and the pool are split over a
 device mesh by head; block ids are the same on every device. The host swap space of a process holds
@@ -17,6 +19,7 @@ shard of the blocks, so multi-host runs never gather another host's heads.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -28,10 +31,10 @@ import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.padding import bucket
-from jpaged.core.step_plan import ModelOutput, StepPlan
+from jpaged.core.padding import pair_bucket
+from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
+from jpaged.executors import sampling
 from jpaged.executors.base import PendingStep
-from jpaged.executors.sampling import sample
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
@@ -101,7 +104,9 @@ class JaxExecutor:
         self.kv_dtype = storage_dtype(self.dtype, attention_backend=resolve_backend(model.attention_backend))
         make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.kv_dtype)
         if self.mesh is None:
-            self.kv_pool = make_pool()
+            # Committed to the device from birth, as every pool a step returns is: jit keys its
+            # programs on that too, and an uncommitted first pool compiled each step twice.
+            self.kv_pool = jax.device_put(make_pool(), jax.local_devices()[0])
         else:
             pools = parallel.pool_sharding(self.mesh)
             self.kv_pool = jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
@@ -120,12 +125,18 @@ class JaxExecutor:
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
+        # The sampler variants and (operation, padded size) block operations this executor has run:
+        # their jitted functions are shared by every executor of the process, so their own trace
+        # counts would mix engines.
+        self._programs: set[tuple] = set()
+        self.warmed_up = False  # set by jpaged.executors.warmup.compile_grid: later new programs are logged
         self._start = time.perf_counter()
 
     @property
     def num_compilations(self) -> int:
-        """Model-step compilations so far (one per distinct padded shape)."""
-        return self.runner.num_compilations
+        """Distinct programs run so far: model steps (one per padded shape, counted as traced),
+        sampler variants and block-operation sizes."""
+        return self.runner.num_compilations + len(self._programs)
 
     def now(self) -> float:
         """Seconds since the executor was built."""
@@ -151,14 +162,13 @@ class JaxExecutor:
         if len(plan.swap_in_pairs):
             k_pool, v_pool = self._swap_in(k_pool, v_pool, plan.swap_in_pairs)
         if len(plan.copy_pairs):
-            pairs = np.zeros((bucket(len(plan.copy_pairs), minimum=4), 2), np.int32)
+            size = pair_bucket(len(plan.copy_pairs))
+            self._programs.add(("copy_blocks", size))
+            pairs = np.zeros((size, 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
-        logits = None
-        if plan.num_seqs:
-            step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
-            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # f32[S, V], on device
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
+        logits = self.run_model(plan) if plan.num_seqs else None  # f32[S, V], on device
         return PendingStep(plan, start, logits)
 
     def collect(self, pending: PendingStep) -> ModelOutput:
@@ -166,7 +176,7 @@ class JaxExecutor:
         rows, logits = pending.plan.sampling, pending.handle
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and rows is not None:
-            sampled = sample(logits, rows.batch)
+            sampled = self.sample(logits, rows.batch)
             output = ModelOutput(token_ids=sampled.token_ids, logprobs=sampled.logprobs, top_ids=sampled.top_ids,
                                  top_logprobs=sampled.top_logprobs, duration=0.0)
         elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample
@@ -174,13 +184,40 @@ class JaxExecutor:
         output.duration = self.now() - pending.started
         return output
 
+    def run_model(self, plan: StepPlan) -> jax.Array:
+        """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab] on device."""
+        step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
+        logits, self.kv_pool = step(self.kv_pool, plan)
+        return logits
+
+    def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
+        """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
+        sampler's. (More rows than S only where a fresh prompt fans out into n samples; each row's
+        draw depends on its own settings alone, so splitting changes no token.)"""
+        size, vocab = logits.shape
+        results = []
+        for part in sampling.split_rows(batch, size):
+            for program in sampling.programs_of(part, size, vocab):
+                key = (type(program).__name__, *program)
+                if key not in self._programs and self.warmed_up:
+                    # Outside the start-up grid (jpaged.executors.warmup): a rare control combination.
+                    logger.info("sampler program %s compiles on first use", program)
+                self._programs.add(key)
+            results.append(sampling.sample(logits, part))
+        if len(results) == 1:
+            return results[0]
+        fields = [f.name for f in dataclasses.fields(sampling.SampleResult)]
+        return sampling.SampleResult(**{f: None if getattr(results[0], f) is None else
+                                        np.concatenate([getattr(r, f) for r in results]) for f in fields})
+
     def _local_heads(self, index: tuple[slice, ...]) -> slice:
         """This process's host-pool slice of the global head range `index[1]` of a shard."""
         heads = range(self.spec.num_kv_heads)[index[1]]
         return slice(heads.start - self._first_head, heads.stop - self._first_head)
 
     def _swap_out(self, k_pool, v_pool, pairs: np.ndarray) -> None:
-        size = bucket(len(pairs), minimum=4)
+        size = pair_bucket(len(pairs))
+        self._programs.add(("swap_out", size))
         device_ids = jnp.asarray(_padded(pairs[:, 0], size))
         n, host_ids = len(pairs), pairs[:, 1]
         for pool, host in ((k_pool, self.host_k), (v_pool, self.host_v)):
@@ -189,7 +226,8 @@ class JaxExecutor:
                 host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
-        size = bucket(len(pairs), minimum=4)
+        size = pair_bucket(len(pairs))
+        self._programs.add(("swap_in", size))
         device_ids = jnp.asarray(_padded(pairs[:, 1], size))
         updated = []
         for pool, host in ((k_pool, self.host_k), (v_pool, self.host_v)):

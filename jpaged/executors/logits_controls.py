@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.core.constraints import bitmask_words
+from jpaged.core.padding import control_width
 from jpaged.core.sampling_controls import PAD_ID, SamplingControls
 
 
 class DeviceControls(NamedTuple):
-    """SamplingControls padded to the step's R rows (None fields: no row uses them; jit compiles
+    """SamplingControls padded to the step's R rows and their lists to `control_width` (None fields: no row uses them; jit compiles
     each combination of present fields once per shape)."""
 
     penalties: np.ndarray | None  # f32[R, 3] presence, frequency, repetition
@@ -36,11 +37,16 @@ def padded_controls(controls: SamplingControls, size: int, vocab: int) -> Device
     """`controls` of R rows as DeviceControls of `size` >= R rows over a vocabulary of `vocab`:
     padding rows neutral, allowed masks widened to the vocabulary's words (unrestricted rows all
     ones; a restricted row allows nothing past its own mask)."""
-    def rows(a, fill):
+    def rows(a, fill, widen=False):
         if a is None:
             return None
-        out = np.full((size,) + a.shape[1:], fill, a.dtype)
-        out[: len(a)] = a
+        # Id lists widened to the `control_width` ladder: fewer compiled widths, the same result.
+        width = (control_width(a.shape[1]),) if widen else a.shape[1:]
+        out = np.full((size, *width), fill, a.dtype)
+        if widen:
+            out[: len(a), : a.shape[1]] = a
+        else:
+            out[: len(a)] = a
         return out
 
     allowed = None
@@ -56,9 +62,11 @@ def padded_controls(controls: SamplingControls, size: int, vocab: int) -> Device
     penalties = rows(controls.penalties, 0.0)
     if penalties is not None:
         penalties[len(controls.penalties):, 2] = 1.0
-    return DeviceControls(penalties=penalties, history=rows(controls.history, PAD_ID),
-                          output_start=rows(controls.output_start, 0), bias_ids=rows(controls.bias_ids, PAD_ID),
-                          bias_values=rows(controls.bias_values, 0.0), banned=rows(controls.banned, PAD_ID),
+    return DeviceControls(penalties=penalties, history=rows(controls.history, PAD_ID, widen=True),
+                          output_start=rows(controls.output_start, 0),
+                          bias_ids=rows(controls.bias_ids, PAD_ID, widen=True),
+                          bias_values=rows(controls.bias_values, 0.0, widen=True),
+                          banned=rows(controls.banned, PAD_ID, widen=True),
                           allowed=allowed)
 
 

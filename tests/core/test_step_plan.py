@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from jpaged.core.block_manager import BlockManager
 from jpaged.core.decode_batch import DecodeBatch
-from jpaged.core.padding import bucket
+from jpaged.core.padding import bucket, seq_bucket
 from jpaged.core.plan_builder import PlanBuilder
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from tests.helpers.kv import allocate
@@ -76,7 +76,7 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     plan = builder.build(all_single=True)
     tokens, positions, slots, qsl, ends = _reference(bm, all_seqs, all_rows, all_counts)
     n, total = len(all_seqs), len(tokens)
-    size_s = bucket(n)
+    size_s = seq_bucket(n, plan.max_query_len)
     assert (plan.num_seqs, plan.num_tokens, plan.seqs) == (n, total, all_seqs)
     assert plan.max_query_len == max(all_counts, default=0)
     T, S, M = plan.padded_shape
@@ -89,7 +89,10 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     np.testing.assert_array_equal(plan.query_start_loc, qsl + [total] * (S - n))
     np.testing.assert_array_equal(plan.context_lens, ends + [0] * (S - n))
     np.testing.assert_array_equal(plan.logits_indices[:n], np.array(qsl[1:]) - 1)
-    assert M == min(bucket(-(-max(ends, default=1) // block_size)), bm.rows.max_blocks_per_seq)
+    if plan.max_query_len <= 1:
+        assert M == min(bucket(-(-max(ends, default=1) // block_size)), bm.rows.max_blocks_per_seq)
+    else:  # a step with a prompt chunk: the full width, S a power of two
+        assert M == bm.rows.max_blocks_per_seq and S == max(8, 1 << (n - 1).bit_length())
     for i, row in enumerate(all_rows):
         used = -(-ends[i] // block_size)
         np.testing.assert_array_equal(plan.block_tables[i, :used], bm.rows.block_tables[row, :used])

@@ -16,7 +16,7 @@ PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "x = 1"]
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla")
+    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla", warmup=False)
 
 
 def serve(llm, body):

@@ -11,7 +11,7 @@ EOS_PROMPT = "x = 1"  # the asset's greedy continuation reaches an EOS id after 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla")
+    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla", warmup=False)
 
 
 def free_blocks(llm):
@@ -116,7 +116,7 @@ def test_engine_arguments_are_checked_by_name():
 
 
 def test_a_preset_without_tokenizer_takes_token_ids_only():
-    llm = LLM("tiny-llama", num_blocks=32, block_size=8, max_model_len=64, attention_backend="xla")
+    llm = LLM("tiny-llama", num_blocks=32, block_size=8, max_model_len=64, attention_backend="xla", warmup=False)
     assert llm.get_tokenizer() is None
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 4 and out.text == ""
@@ -130,11 +130,22 @@ def test_pinned_prefixes_are_pre_stored_and_change_no_token(llm):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     pinned = LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla",
-                 enable_prefix_caching=True, pinned_prefixes=[system])
+                 enable_prefix_caching=True, pinned_prefixes=[system], warmup=False)
     length = len(pinned.get_tokenizer().encode(system))
     assert pinned.engine.kv_stats()["num_pinned_blocks"] == -(-length // 16)
     assert pinned.pin_prefix(system) == -(-length // 16)  # pinned already: nothing changes
     assert [o.outputs[0].token_ids for o in pinned.generate(prompts, params, use_tqdm=False)] == expected
     assert pinned.engine.kv_stats()["prefix_cached_tokens"] >= 2 * (length // 16) * 16
     with pytest.raises(ValueError, match="pinned_prefixes"):
-        LLM(str(ASSET), num_blocks=128, block_size=16, enable_prefix_caching=True, pinned_prefixes=[""])
+        LLM(str(ASSET), num_blocks=128, block_size=16, enable_prefix_caching=True, pinned_prefixes=[""], warmup=False)
+
+
+def test_llm_compiles_its_grid_at_construction():
+    """LLM warms up by default: every program of its config, counted; generating compiles nothing more."""
+    llm = LLM("tiny-llama", num_blocks=32, block_size=8, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
+              attention_backend="xla")
+    report = llm.warmup_report
+    assert report["num_programs"] == report["num_compilations"] == llm.engine.kv_stats()["num_compilations"]
+    llm.generate([[5, 6, 7]] * 3, [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=1.0, seed=1),
+                                    SamplingParams(max_tokens=4, logprobs=3)], use_tqdm=False)
+    assert llm.engine.kv_stats()["num_compilations"] == report["num_compilations"]

@@ -58,7 +58,7 @@ FORMS = {
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla")
+    return LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla", warmup=False)
 
 
 def free_blocks(llm):
@@ -122,7 +122,7 @@ def test_compiled_grammars_are_reused(llm):
 
 def test_a_seeded_grammar_request_is_the_same_alone_and_in_a_crowd_under_preemption():
     small = LLM(str(ASSET), num_blocks=20, block_size=16, max_num_seqs=8, attention_backend="xla",
-                preemption_mode="recompute")
+                preemption_mode="recompute", warmup=False)
     grammar = SamplingParams(n=2, max_tokens=48, temperature=1.0, seed=21,
                              structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True))
     alone = small.generate(PROMPT, grammar, use_tqdm=False)[0]

@@ -20,7 +20,9 @@ from tests.helpers.text_assets import ASSET
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "stdlib-lm"  # the served model id
 # A small pool and budgets: the asset model is tiny, and the tests want blocks to be countable.
-SERVE_ARGS = ["--num-blocks", "256", "--block-size", "16", "--max-num-seqs", "32", "--attention-backend", "xla"]
+# (`--warmup smallest`: the full grid is tests/executors/test_warmup.py's, and too slow for every session)
+SERVE_ARGS = ["--num-blocks", "256", "--block-size", "16", "--max-num-seqs", "32", "--attention-backend", "xla",
+              "--warmup", "smallest"]
 
 
 def free_port() -> int:

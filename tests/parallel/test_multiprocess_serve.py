@@ -74,7 +74,7 @@ def test_a_hugging_face_checkpoint_split_over_two_processes_answers_like_offline
     """Each process reads its own shard of the checkpoint (1 device each, tensor parallelism 2);
     greedy texts equal the offline LLM's on one device; a clean stop of process 0 stops the follower."""
     prompts = ["def fibonacci(n):", "import os\n", "class Stack:"]
-    llm = LLM(str(ASSET), attention_backend="xla", num_blocks=64, block_size=16, max_num_seqs=16)
+    llm = LLM(str(ASSET), attention_backend="xla", num_blocks=64, block_size=16, max_num_seqs=16, warmup=False)
     expected = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(max_tokens=24), use_tqdm=False)]
     engine_args = ["--model", str(ASSET), "--served-model-name", "stdlib-lm", "--attention-backend", "xla",
                    "--num-blocks", "64", "--block-size", "16", "--max-num-seqs", "16"]

@@ -1,7 +1,8 @@
 """`jpaged serve`: build the engine, serve it with uvicorn, warm up, drain on SIGINT / SIGTERM.
 
-The server listens at once; /health answers 503 until the warm-up (compiling the smallest prefill
-and decode steps, through the engine's own step loop) is done. Shutdown (SIGINT or SIGTERM):
+The server listens at once; /health answers 503 until the warm-up is done: by default every
+program the engine can run (jpaged.executors.warmup, with the disk cache under $JPAGED_CACHE_DIR),
+or with `--warmup smallest` the smallest prefill and decode steps only. Shutdown (SIGINT or SIGTERM):
 uvicorn stops accepting connections, open requests get `--shutdown-timeout` seconds to finish,
 then the rest are aborted (their streams end with finish reason "abort", their blocks are freed);
 a client that holds a stream open without reading is cut off a moment later; the engine's step
@@ -20,7 +21,8 @@ import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.api_server import build_app
-from jpaged.entrypoints.serve.state import ServerState, warm_up_smallest_steps
+from jpaged.entrypoints.serve.state import ServerState, warm_up_grid, warm_up_smallest_steps
+from jpaged.executors.warmup import enable_compilation_cache
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"jpaged serve: --shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}", file=sys.stderr)
         return 2
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    enable_compilation_cache()  # before the engine compiles anything
     try:
         if args.num_processes > 1:  # one scheduler here, the other processes follow (jpaged.entrypoints.multihost)
             from jpaged.entrypoints import multihost
@@ -67,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.model
-    # A multi-process run always warms up: its steps reach every process, which then compile
-    # together before serving, so no collective waits on another process's compile (jax#40831).
-    warm = not args.no_warmup or args.num_processes > 1
-    state = ServerState(engine, warm_up=warm_up_smallest_steps if warm else None,
+    # A multi-process run always warms up through its steps, which reach every process, which then
+    # compile together before serving, so no collective waits on another process's compile
+    # (jax#40831); the grid runs on this process's executor alone, so such a run warms up its
+    # smallest steps instead.
+    warmup = "smallest" if args.num_processes > 1 else args.warmup
+    warm_up = {"grid": warm_up_grid, "smallest": warm_up_smallest_steps, "none": None}[warmup]
+    state = ServerState(engine, warm_up=warm_up,
                         shutdown_timeout=args.shutdown_timeout)
     app = build_app(engine, name, state, stream_interval=args.stream_interval)
     log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,

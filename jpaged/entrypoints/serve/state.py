@@ -2,8 +2,8 @@
 
 /health answers 200 only when ready (and the engine's step loop is alive), 503 with the state
 otherwise; generation routes refuse with 503 unless ready. The warm-up is a coroutine function
-given to ServerState (`warm_up_smallest_steps` today); the state turns ready when it returns, so a
-fuller warm-up (every step shape compiled) replaces that function and nothing else. On SIGTERM or SIGINT the server drains:
+given to ServerState (`warm_up_grid`: every program; `warm_up_smallest_steps`: two steps); the
+state turns ready when it returns. On SIGTERM or SIGINT the server drains:
 it stops taking requests, lets open ones finish for at most `shutdown_timeout` seconds, then
 aborts what remains (each stream ends with finish reason "abort"; its blocks are freed at once).
 """
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.errors import RequestError
+from jpaged.executors.warmup import compile_grid
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,16 @@ async def warm_up_smallest_steps(engine: AsyncLLMEngine) -> None:
     async for _ in engine.generate([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True), "warm-up"):
         pass
     log.info("warm-up done in %.1f s: the smallest prefill and decode steps are compiled", time.perf_counter() - start)
+
+
+async def warm_up_grid(engine: AsyncLLMEngine) -> None:
+    """Compiles every program the engine can run (jpaged.executors.warmup.compile_grid) in a worker
+    thread, the event loop answering /health (503) meanwhile. It runs on the executor's pool
+    directly: safe because no request runs before the state is ready (generation routes refuse),
+    so the engine's step loop has nothing to step."""
+    report = await asyncio.to_thread(compile_grid, engine.engine.executor, engine.engine.config)
+    log.info("warm-up done: %d programs in %.1f s (%.1f s CPU)", report["num_programs"], report["seconds"],
+             report["cpu_seconds"])
 
 
 class ServerState:

@@ -30,4 +30,4 @@ def client(server):
 
 @pytest.fixture(scope="session")
 def offline():
-    return LLM(str(ASSET), num_blocks=256, block_size=16, max_num_seqs=32, attention_backend="xla")
+    return LLM(str(ASSET), num_blocks=256, block_size=16, max_num_seqs=32, attention_backend="xla", warmup=False)

@@ -1,0 +1,176 @@
+"""The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs,
+top_k, top_p, min_p, penalties, seeds, swap preemption) compiles nothing: neither the engine's count nor JAX's own
+compile events move."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jpaged.core import padding
+from jpaged.core.constraints import bitmask_words
+from jpaged.core.sampling_controls import SamplingControls
+from jpaged.core.sequence import SamplingParams
+from jpaged.core.step_plan import SamplingBatch
+from jpaged.entrypoints.engine_args import engine_config, load_engine
+from jpaged.executors import sampling, warmup
+
+REPO = Path(__file__).resolve().parents[2]
+# Small enough to compile its whole grid in seconds, tight enough in blocks to preempt by swapping.
+SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 32, "max_model_len": 64, "block_size": 8, "num_blocks": 20,
+         "num_host_blocks": 16, "preemption_mode": "swap", "attention_backend": "xla"}
+
+
+@contextlib.contextmanager
+def backend_compiles():
+    """The list of JAX backend compilations (XLA compiles, disk-cache hits too) while inside."""
+    events: list[str] = []
+
+    def listen(name: str, duration: float, **kwargs) -> None:
+        if name in ("/jax/core/compile/backend_compile_duration", "/jax/compilation_cache/cache_retrieval_time_sec"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    prompts, params = [], []
+    for i in range(count):
+        prompts.append([rng.randrange(3, 256) for _ in range(rng.randrange(1, 40))])
+        kind = i % 5
+        if kind == 0:  # beam search: top candidates, forks, copy-on-write
+            params.append(SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=rng.randrange(2, 12),
+                                         ignore_eos=True))
+        else:  # every draw mode (top_k up to and past the candidate limit), min_p, the penalties
+            penalty = rng.choice(["", "repetition_penalty", "frequency_penalty", "presence_penalty"])
+            params.append(SamplingParams(
+                n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]),
+                top_k=rng.choice([0, 0, 5, 50, 100]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]),
+                seed=rng.choice([None, i]), logprobs=rng.choice([None, 1, 5, 20]), max_tokens=rng.randrange(1, 24),
+                ignore_eos=True, **({penalty: 1.2} if penalty else {})))
+    return prompts, params
+
+
+def test_grid_covers_mixed_load_without_compiling():
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    programs = warmup.grid(engine.config, engine.vocab_size)
+    report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+    # Every program of the grid counted once: the executor's keys are the grid's.
+    assert report["num_compilations"] == report["num_programs"] == len(programs)
+    warm = engine.kv_stats()["num_compilations"]
+    rng = random.Random(0)
+    with backend_compiles() as compiles:
+        for _ in range(3):
+            prompts, params = _mixed_requests(rng, 12)
+            outputs = engine.generate(prompts, params, use_tqdm=False)
+            assert all(out.finished for out in outputs)
+    stats = engine.kv_stats()
+    assert stats["num_preemptions"] > 0  # the load did preempt (swap)
+    assert stats["num_compilations"] == warm
+    assert compiles == []
+
+
+def test_unwarmed_engine_counts_sampler_and_block_programs():
+    """Without the warm-up the same load compiles, and the count includes the sampler's variants."""
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    prompts, params = _mixed_requests(random.Random(0), 6)
+    with backend_compiles() as compiles:
+        engine.generate(prompts, params, use_tqdm=False)
+    model_steps = engine.executor.runner.num_compilations
+    assert engine.kv_stats()["num_compilations"] > model_steps > 0
+    assert compiles  # (the listener the first test relies on hears them)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])  # the server's default and the benchmark's
+def test_grid_is_every_padded_shape(block_size):
+    """The grid's model steps are exactly the shapes the padding rule gives over the budgets."""
+    cfg = engine_config("tiny-llama", max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=512,
+                        block_size=block_size)
+    steps = warmup.model_steps(cfg)
+    max_blocks = -(-cfg.scheduler.max_model_len // cfg.cache.block_size)
+    decode = {(padding.bucket(n), padding.bucket(n), padding.table_width(b, max_blocks))
+              for n in range(1, 257) for b in range(1, max_blocks + 1)}
+    # n sequences computing t tokens, one of them at least 2: t >= n + 1.
+    prefill = {(padding.token_bucket(t, n, 2), padding.seq_bucket(n, 2), max_blocks)
+               for n in range(1, 257) for t in range(n + 1, 2049)}
+    got_decode = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "decode"}
+    got_prefill = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "prefill"}
+    assert got_decode == decode
+    assert got_prefill == prefill and len(steps) == len(set(steps))
+
+
+_CACHE_SCRIPT = """
+import json, jax
+from jpaged.executors import sampling, warmup
+path = warmup.enable_compilation_cache()
+hits = []
+jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+from jpaged.entrypoints.engine_args import load_engine
+engine, _ = load_engine("tiny-llama", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=8,
+                        num_blocks=20, attention_backend="xla")
+report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+print(json.dumps({"path": str(path), "hits": len(hits), "model_steps": len(warmup.model_steps(engine.config))}))
+"""
+
+
+def test_restart_loads_the_grid_from_the_disk_cache(tmp_path):
+    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every model step from it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (the test session's own cache: conftest.py)
+    env.update(JPAGED_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], cwd=REPO, env=env, check=True,
+                                      capture_output=True, text=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["path"] == str(tmp_path / "jax") and any((tmp_path / "jax").iterdir())
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= runs[1]["model_steps"]
+
+
+def test_a_cache_jax_already_has_is_kept():
+    """conftest.py gives this session its own cache through JAX_COMPILATION_CACHE_DIR: it stays."""
+    before = jax.config.jax_compilation_cache_dir
+    assert before and warmup.enable_compilation_cache() is None
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike():
+    """A fresh prompt fanning out can give a step more sample rows than its S: the executor samples
+    them S at a time (the sampler variant stays the step's); every row gets what one call over
+    wider logits gives it."""
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    vocab, rng = engine.vocab_size, np.random.default_rng(0)
+    logits = rng.normal(size=(8, vocab)).astype(np.float32)  # [S, V]: a step of 8 padded sequences
+    rows = 20
+    batch = SamplingBatch(logits_rows=rng.integers(0, 8, rows).astype(np.int32),
+                          temperature=rng.choice([0.0, 1.0], rows).astype(np.float32),
+                          top_k=rng.choice([0, 5], rows).astype(np.int32), top_p=np.ones(rows, np.float32),
+                          seed=np.arange(rows, dtype=np.uint32), stream=np.arange(rows, dtype=np.int32),
+                          position=np.full(rows, 7, np.int32), num_top=5,
+                          min_p=rng.choice([0.0, 0.1], rows).astype(np.float32))
+    # Controls split with the rows: penalties on every row, rows 3 and 17 restricted to tokens 0..63.
+    allowed_rows = np.array([3, 17], np.int32)
+    masks = np.zeros((2, bitmask_words(vocab)), np.int32)
+    masks[:, :2] = -1
+    batch.controls = SamplingControls(
+        penalties=np.tile(np.array([0.5, 0.2, 1.3], np.float32), (rows, 1)),
+        history=rng.integers(0, vocab, (rows, 16)).astype(np.int32), output_start=np.full(rows, 4, np.int32),
+        allowed_rows=allowed_rows, allowed_masks=masks)
+    sliced = engine.executor.sample(jnp.asarray(logits), batch)
+    wide = np.concatenate([logits, np.zeros((24, vocab), np.float32)])  # [32, V]: room for every row at once
+    whole = sampling.sample(jnp.asarray(wide), batch)
+    for field in ("token_ids", "top_ids"):
+        np.testing.assert_array_equal(getattr(sliced, field), getattr(whole, field))
+    for field in ("logprobs", "top_logprobs"):  # (another program shape: the last bit may round differently)
+        np.testing.assert_allclose(getattr(sliced, field), getattr(whole, field), rtol=1e-6, atol=1e-6)
