@@ -3,9 +3,10 @@
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host pool (swap space and
 the prefix cache's host tier) has the same layout in host (numpy) memory. After the model step,
 the plan's sample rows are sampled on device (jpaged.executors.sampling): only token ids and
-log-probabilities come back to the host. Block operations run in the order the scheduler relies
-on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out
-may reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
+log-probabilities come back to the host; a plan's prompt rows become prompt log-probabilities
+(jpaged.executors.prompt_logprobs). Block operations run in the order the scheduler relies on:
+copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out may
+reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to power-of-two buckets so block operations do not recompile either.
 
@@ -31,6 +32,7 @@ from jpaged.config.presets import get_preset
 from jpaged.core.padding import bucket
 from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.executors.base import PendingStep
+from jpaged.executors.prompt_logprobs import padded_rows, prompt_logprobs
 from jpaged.executors.sampling import sample
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
@@ -157,13 +159,22 @@ class JaxExecutor:
         logits = None
         if plan.num_seqs:
             step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
-            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan)  # f32[S, V], on device
+            prompt_rows = None if plan.prompt_rows is None else padded_rows(plan.prompt_rows)
+            # f32[S, V], or [S + P', V] with prompt rows (after the S sampling rows); on device
+            logits, (k_pool, v_pool) = step((k_pool, v_pool), plan, prompt_rows)
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
         return PendingStep(plan, start, logits)
 
     def collect(self, pending: PendingStep) -> ModelOutput:
-        """Samples the plan's rows (as they are now) on device; only tokens and log-probabilities come back."""
-        rows, logits = pending.plan.sampling, pending.handle
+        """Samples the plan's rows (as they are now) on device and reduces its prompt rows to prompt
+        log-probabilities; only tokens and log-probabilities come back."""
+        plan, logits = pending.plan, pending.handle
+        rows = plan.sampling
+        prompt_result = None
+        if logits is not None and plan.prompt_rows is not None:
+            num_seqs = len(plan.context_lens)
+            prompt_result = prompt_logprobs(logits, num_seqs, plan.prompt_rows)
+            logits = logits[:num_seqs]  # [S, V]: what the sampler sees, as without prompt rows
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and rows is not None:
             sampled = sample(logits, rows.batch)
@@ -171,6 +182,7 @@ class JaxExecutor:
                                  top_logprobs=sampled.top_logprobs, duration=0.0)
         elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample
             logits.block_until_ready()
+        output.prompt_logprobs = prompt_result
         output.duration = self.now() - pending.started
         return output
 
