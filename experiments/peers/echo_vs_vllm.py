@@ -144,13 +144,13 @@ def lm_eval_accuracy(base_url: str, model: str, tasks_dir: Path, out_dir: Path) 
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(out_dir / "hf-datasets")}
     args = [sys.executable, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args",
-            f"model={model},base_url={base_url}/v1/completions,tokenizer={model},tokenizer_backend=huggingface,"
-            f"num_concurrent=1,max_retries=1", "--batch_size", "4", "--tasks", "echo_vs_vllm_mc",
+            (f"model={model},base_url={base_url}/v1/completions,tokenizer={model},tokenizer_backend=huggingface,"
+             f"num_concurrent=1,max_retries=1"), "--batch_size", "4", "--tasks", "echo_vs_vllm_mc",
             "--include_path", str(tasks_dir), "--output_path", str(out_dir)]
-    done = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"lm_eval failed: {done.stderr[-2000:]}")
-    result = json.loads(sorted(out_dir.rglob("results_*.json"))[-1].read_text())["results"]["echo_vs_vllm_mc"]
+    result = json.loads(max(out_dir.rglob("results_*.json")).read_text())["results"]["echo_vs_vllm_mc"]
     return {"acc": result["acc,none"], "acc_stderr": result["acc_stderr,none"]}
 
 
