@@ -18,9 +18,9 @@ import pytest
 for _module in ("fastapi", "uvicorn", "httpx", "lm_eval", "transformers"):
     pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e \".[test,lmeval]\"")
 
-from jpaged import LLM, SamplingParams  # noqa: E402
-from tests.helpers.server import MODEL, REPO, running_server  # noqa: E402
-from tests.helpers.text_assets import ASSET  # noqa: E402
+from jpaged import LLM, SamplingParams
+from tests.helpers.server import MODEL, REPO, running_server
+from tests.helpers.text_assets import ASSET
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="httpx is not installed: pip install -e \".[test]\"")
 
-from experiments.peers.echo_vs_vllm import EchoVsVllmConfig, comparable, differences, mc_items  # noqa: E402
+from experiments.peers.echo_vs_vllm import EchoVsVllmConfig, comparable, differences, mc_items
 
 
 def test_differences_tolerates_float_noise_and_names_the_rest():
