@@ -19,13 +19,14 @@ MODEL = "tiny-opt"
 
 
 def _engine(*, block_size=8, num_blocks=64, policy="chunked", chunk=0, budget=512, mode="recompute",
-            prefix_caching=False, num_host_blocks=64):
+            prefix_caching=False, num_host_blocks=64, overlap=False):
     config = EngineConfig(
         model=ModelConfig(name=MODEL, attention_backend="xla"),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
                           watermark=0.0, enable_prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=128,
-                                  preemption_mode=mode, policy=policy, long_prefill_token_threshold=chunk))
+                                  preemption_mode=mode, policy=policy, long_prefill_token_threshold=chunk,
+                                  async_scheduling=overlap))
     return LLMEngine(config, executor=JaxExecutor(config))
 
 
@@ -88,10 +89,12 @@ def _ask(engine, prompts, ks, max_tokens=4, **params):
 KS = [3, 0, 5, None, 1, 20]  # one request does not ask
 
 
-@pytest.mark.parametrize("policy,chunk,budget", [("chunked", 0, 512), ("chunked", 7, 24), ("paper", 0, 512)],
-                         ids=["whole", "chunks", "paper"])
-def test_prompt_logprobs_match_dense(prompts, policy, chunk, budget):
-    engine = _engine(policy=policy, chunk=chunk, budget=budget)
+@pytest.mark.parametrize("policy,chunk,budget,overlap", [("chunked", 0, 512, False), ("chunked", 7, 24, False),
+                                                         ("paper", 0, 512, False), ("chunked", 7, 24, True)],
+                         ids=["whole", "chunks", "paper", "chunks-overlapped"])
+def test_prompt_logprobs_match_dense(prompts, policy, chunk, budget, overlap):
+    # overlapped (async_scheduling): decode steps run ahead beside the chunks; the executor's launch / collect split
+    engine = _engine(policy=policy, chunk=chunk, budget=budget, overlap=overlap)
     plans = _Plans()
     engine.observers.append(plans)
     outputs = _ask(engine, prompts, KS)
