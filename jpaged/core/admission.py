@@ -92,7 +92,9 @@ class Admission:
             seqs = group.live_seqs() if not group.is_single else group.seqs
             leader, followers = seqs[0], seqs[1:]  # followers: a recomputed group's other sequences
             num_tokens = len(leader.token_ids)
-            hits = kv.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys) if self.prefix_caching else NO_HIT
+            # A prompt that still owes log-probabilities computes every position: cached ones have no logits.
+            hits = (kv.match_prefix(leader.token_ids, group.cache_salt, leader.block_keys)
+                    if self.prefix_caching and not group.wants_prompt_logprobs else NO_HIT)
             cached = hits.num_tokens
             shares = [rejoin.share(f) for f in followers] if followers else []
             unique_blocks = (sum(rows.blocks_for(len(f.token_ids)) - share.blocks for f, share in zip(followers, shares))

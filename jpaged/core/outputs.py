@@ -36,6 +36,10 @@ class RequestOutput:
     finish_time: float | None
     error: str | None = None  # why the engine ended the request, if it did
     prompt: str | None = None  # the prompt text, when the front end was given text
+    # SamplingParams.prompt_logprobs, once the prompt is computed (vLLM's shape): per prompt position
+    # {token id: logprob}, the prompt's token first, then the top k best first; None at position 0.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_ranks: list[int | None] | None = None  # [prompt_len] the prompt token's rank at each position (None at 0)
 
     @property
     def output_token_ids(self) -> list[list[int]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jpaged.core.padding import arange, bucket, decode_ranges, seq_bucket, step_width, table_width, token_bucket
-from jpaged.core.step_plan import SampleRows, StepPlan, pairs_array
+from jpaged.core.step_plan import PromptRows, SampleRows, StepPlan, pairs_array
 
 if TYPE_CHECKING:
     from jpaged.core.decode_batch import DecodeBatch
@@ -60,6 +60,7 @@ class PlanBuilder:
         self._copies: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swap_out: list[tuple[int, int]] = []
+        self._prompt_logprobs = False  # some record's request wants prompt log-probabilities
 
     def add(self, seqs: list[Sequence], rows: np.ndarray, counts: np.ndarray | None, slots: np.ndarray,
             copies: list[tuple[int, int]]) -> None:
@@ -71,6 +72,7 @@ class PlanBuilder:
             self._records += zip(seqs, rows.tolist(), [1] * len(seqs), ends)
         else:
             self._records += zip(seqs, rows.tolist(), counts.tolist(), ends)
+            self._prompt_logprobs = self._prompt_logprobs or any(s.group.wants_prompt_logprobs for s in seqs)
         self._slots.append(slots)
         if copies:
             self._copies += copies
@@ -80,6 +82,7 @@ class PlanBuilder:
         """Adds one sequence's next `count` prompt tokens, up to context `end`, with their slots."""
         self._records.append((seq, row, count, end))
         self._slots.append(slots)
+        self._prompt_logprobs = self._prompt_logprobs or seq.group.wants_prompt_logprobs
         if copies:
             self._copies += copies
 
@@ -113,6 +116,8 @@ class PlanBuilder:
         else:
             plan = self._mixed_plan()
         plan.sampling = self._sample_rows(all_single)
+        if self._prompt_logprobs:
+            plan.prompt_rows = self._prompt_rows(plan.query_start_loc[plan.num_seqs - len(self._records):])
         plan.num_prefill_tokens = plan.num_tokens - plan.num_seqs + len(self._records) - self._num_decodes
         if self._copies:
             plan.copy_pairs = pairs_array(self._copies)
@@ -208,6 +213,29 @@ class PlanBuilder:
         return StepPlan(num_seqs=n, num_tokens=total, max_query_len=longest_query, token_ids=token_ids,
                         positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
                         context_lens=context_lens, block_tables=tables, logits_indices=logits_indices, seqs=seqs)
+
+    def _prompt_rows(self, starts: np.ndarray) -> PromptRows | None:
+        """The token rows of the records whose requests want prompt log-probabilities (record i's
+        rows begin at `starts[i]`): a row at position p predicts prompt token p + 1, so a record
+        computing positions [end - count, end) gives the prompt positions [end - count + 1, end]
+        it has none for yet, below the prompt's length."""
+        token_rows, targets, groups, num_top = [], [], [], 0
+        for (seq, _, count, end), start in zip(self._records, starts.tolist()):
+            group = seq.group
+            if not group.wants_prompt_logprobs:
+                continue
+            first, stop = max(len(group.prompt_logprobs), end - count + 1), min(seq.prompt_len, end + 1)
+            if first >= stop:
+                continue
+            row_of_first = start + first - 1 - (end - count)
+            token_rows.append(np.arange(row_of_first, row_of_first + stop - first, dtype=np.int32))
+            targets.append(seq.prompt_array[first:stop])
+            groups.append((group, first, stop - first))
+            num_top = max(num_top, group.sampling_params.prompt_logprobs)
+        if not groups:
+            return None
+        return PromptRows(token_rows=np.concatenate(token_rows),
+                          targets=np.concatenate(targets), num_top=num_top, groups=groups)
 
     def _sample_rows(self, all_single: bool) -> SampleRows | None:
         """Rows to sample: every sequence that computed its last token (see SampleRows). The

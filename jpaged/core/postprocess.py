@@ -20,7 +20,7 @@ from jpaged.core.outputs import CompletionOutput, RequestOutput
 from jpaged.core.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_guard import describe
-from jpaged.core.step_plan import ModelOutput
+from jpaged.core.step_plan import ModelOutput, PromptLogprobs, PromptRows
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ class Postprocessor:
         for group in out.admitted:
             if group.first_scheduled_time is None:
                 group.first_scheduled_time = started
+        if out.plan.prompt_rows is not None and result.prompt_logprobs is not None:
+            self._record_prompt_logprobs(out.plan.prompt_rows, result.prompt_logprobs)
         rows = out.plan.sampling
         if rows is not None:
             tokens = result.token_ids
@@ -132,6 +134,27 @@ class Postprocessor:
             if seq.logprobs is None:
                 seq.logprobs = []
             seq.logprobs.append(entry)
+
+    @staticmethod
+    def _record_prompt_logprobs(rows: PromptRows, result: PromptLogprobs) -> None:
+        """Appends each request's new prompt positions: {prompt token: logprob, then the top k}, as
+        vLLM builds them (the prompt's token first; a top entry for the same token overwrites it)."""
+        targets = rows.targets.tolist()
+        chosen, ranks = result.token_logprobs.tolist(), result.ranks.tolist()
+        top_ids, top_logprobs = result.top_ids.tolist(), result.top_logprobs.tolist()
+        start = 0
+        for group, first, count in rows.groups:
+            begin, start = start, start + count
+            # (A request that failed, or a position already reported, takes nothing.)
+            if group.finish_time is not None or len(group.prompt_logprobs) != first:
+                continue
+            k = group.sampling_params.prompt_logprobs
+            for r in range(begin, start):
+                entry = {targets[r]: chosen[r]}
+                if k:
+                    entry.update(zip(top_ids[r][:k], top_logprobs[r][:k]))
+                group.prompt_logprobs.append(entry)
+            group.prompt_ranks += ranks[begin:start]
 
     def _append_all(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float] | None,
                     now: float) -> None:
@@ -305,5 +328,11 @@ class Postprocessor:
                                                 seq.cumulative_logprob,
                                                 seq.status.label if seq.status.is_finished else None, logprobs))
         prompt = group.seqs[0].token_ids[: group.prompt_len] if group.seqs else []
-        return RequestOutput(group.request_id, prompt, completions, finished, group.arrival_time,
-                             group.first_scheduled_time, group.first_token_time, group.finish_time, group.error)
+        output = RequestOutput(group.request_id, prompt, completions, finished, group.arrival_time,
+                               group.first_scheduled_time, group.first_token_time, group.finish_time, group.error)
+        if group.prompt_logprobs is not None and not group.wants_prompt_logprobs:
+            # Whole once complete (vLLM: all at the end of the prefill); with deltas only the first time.
+            if not delta or not group.prompt_logprobs_reported:
+                output.prompt_logprobs, output.prompt_ranks = list(group.prompt_logprobs), list(group.prompt_ranks)
+            group.prompt_logprobs_reported = True
+        return output

@@ -88,6 +88,10 @@ def _check_vocabulary(params: SamplingParams, vocab_size: int, field: str) -> No
         check_token_ids(f"{field}.allowed_token_ids", params.allowed_token_ids, vocab_size)
     for i, word in enumerate(params.bad_words_token_ids):
         check_token_ids(f"{field}.bad_words_token_ids[{i}]", word, vocab_size)
+    for name in ("logprobs", "prompt_logprobs"):  # top candidates come from the vocabulary
+        k = getattr(params, name)
+        if k is not None and k > vocab_size:
+            raise ValueError(f"{field}.{name}={k} exceeds the vocabulary of {vocab_size} tokens")
     if params.constraint is not None and params.constraint.vocab_size > vocab_size:
         raise ValueError(f"{field}.constraint.vocab_size: must be <= the model's vocabulary of {vocab_size} tokens, "
                          f"got {params.constraint.vocab_size}")

@@ -53,6 +53,7 @@ _FIELD_CHECKS = {
     "length_penalty": lambda f, v: check_float(f, v, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
     "output_kind": lambda f, v: check_choice(f, v, ("final", "delta", "cumulative")),
     "logprobs": lambda f, v: None if v is None else check_int(f, v, 0, MAX_LOGPROBS),
+    "prompt_logprobs": lambda f, v: None if v is None else check_int(f, v, 0, MAX_LOGPROBS),
     "stop": lambda f, v: _stop_strings(f, v),
     "include_stop_str_in_output": check_bool,
     "skip_special_tokens": check_bool,
@@ -165,6 +166,9 @@ class SamplingParams:
     length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** length_penalty
     output_kind: OutputKind = "final"  # step() reports the request: at the end, or every step (delta / cumulative)
     logprobs: int | None = None  # per output token, the log-probabilities of the sampled and top `logprobs` tokens
+    # Per prompt position after the first, the log-probabilities of the prompt's own token and of the
+    # top `prompt_logprobs` tokens there (vLLM's meaning), computed in the prefill that runs anyway.
+    prompt_logprobs: int | None = None
     # Text-level options, applied by the front end (jpaged.text.output_processor), not the token-level core:
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (finish reason "stop")
     include_stop_str_in_output: bool = False  # keep the stop string at the end of the text
@@ -318,12 +322,24 @@ class SequenceGroup:
         self.seed = 0 if params.seed is None else params.seed
         self.stream_base = request_stream(self.request_id) if params.seed is None else 0
         self.num_forks = 0  # sequences forked so far (sample index of the next fork - 1)
+        # SamplingParams.prompt_logprobs: per prompt position so far {token id: logprob} (the prompt's
+        # token, then the top ones), position 0 None; and the rank of the prompt's token at each.
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
+        self.prompt_ranks: list[int | None] | None = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs, self.prompt_ranks = [None], [None]
+        self.prompt_logprobs_reported = False  # output_kind "delta": they go out once
         self.error: str | None = None  # why the engine ended the request, if it did
 
     @property
     def prompt_len(self) -> int:
         """Tokens in the request's prompt."""
         return self.seqs[0].prompt_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """True while some prompt position it asked log-probabilities for has none yet."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.seqs[0].prompt_len
 
     def live_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
         """Unfinished sequences, optionally only those with `status`."""

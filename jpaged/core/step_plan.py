@@ -30,7 +30,7 @@ from jpaged.core.padding import bucket, token_bucket
 from jpaged.core.sampling_controls import SamplingControls, build_controls
 
 if TYPE_CHECKING:
-    from jpaged.core.sequence import Sequence
+    from jpaged.core.sequence import Sequence, SequenceGroup
 
 _EMPTY_PAIRS = np.zeros((0, 2), dtype=np.int32)
 _EMPTY_PAIRS.flags.writeable = False
@@ -109,6 +109,20 @@ class SampleRows:
 
 
 @dataclasses.dataclass
+class PromptRows:
+    """Token rows whose logits give prompt log-probabilities (SamplingParams.prompt_logprobs).
+
+    The row of prompt position p predicts the prompt's token at p + 1; only requests that asked, and
+    only positions they have no log-probabilities for yet, have rows (a recomputed prompt reports once).
+    """
+
+    token_rows: np.ndarray  # i32[P] rows of the plan's per-token arrays, request after request
+    targets: np.ndarray  # i32[P] the prompt token each row predicts (its log-probability and rank come back)
+    num_top: int  # top candidates per row: the most any of the requests asked for (0: the target's only)
+    groups: list[tuple[SequenceGroup, int, int]]  # (request, its first prompt position reported, count)
+
+
+@dataclasses.dataclass
 class StepPlan:
     """One step's batch as padded numpy arrays plus the block operations to apply before it.
 
@@ -138,6 +152,7 @@ class StepPlan:
     # (before the swap-outs: a swap-out may reuse a host block the tier gave back in this step)
     offload_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)
     seqs: list[Sequence] = dataclasses.field(default_factory=list)  # the batch's sequences, row by row
+    prompt_rows: PromptRows | None = None  # rows whose logits also come back as prompt log-probabilities
 
     @classmethod
     def from_contexts(cls, contexts: Seq[Seq[int]], num_query: Seq[int], tables: Seq[Seq[int]], block_size: int,
@@ -234,3 +249,14 @@ class ModelOutput:
     top_ids: np.ndarray | None  # i32[R, K] most likely tokens per row, best first (beams, logprobs), else None
     top_logprobs: np.ndarray | None  # f32[R, K] their log-probabilities
     duration: float  # seconds the step took: wall time (jax) or cost-model time (sim)
+    prompt_logprobs: PromptLogprobs | None = None  # for plan.prompt_rows; None when none or without a model
+
+
+@dataclasses.dataclass
+class PromptLogprobs:
+    """Log-probabilities at a step's PromptRows, as host arrays (P rows, K = their num_top)."""
+
+    token_logprobs: np.ndarray  # f32[P] log-probability of each row's target token
+    ranks: np.ndarray  # i32[P] its rank: how many tokens are at least as likely (1 = the likeliest)
+    top_ids: np.ndarray  # i32[P, K] most likely tokens, best first
+    top_logprobs: np.ndarray  # f32[P, K] their log-probabilities

@@ -55,7 +55,11 @@ def merge_outputs(old: RequestOutput, new: RequestOutput, kind: str) -> RequestO
         logprobs = None if prev.logprobs is None and c.logprobs is None else (prev.logprobs or []) + (c.logprobs or [])
         merged[c.index] = dataclasses.replace(c, token_ids=prev.token_ids + c.token_ids, text=prev.text + c.text,
                                               logprobs=logprobs)
-    return dataclasses.replace(new, outputs=[merged[i] for i in sorted(merged)])
+    # Prompt log-probabilities come once (in the first delta after the prompt): keep them.
+    prompt = (new.prompt_logprobs, new.prompt_ranks) if new.prompt_logprobs is not None else (
+        old.prompt_logprobs, old.prompt_ranks)
+    return dataclasses.replace(new, outputs=[merged[i] for i in sorted(merged)], prompt_logprobs=prompt[0],
+                               prompt_ranks=prompt[1])
 
 
 class _Collector:

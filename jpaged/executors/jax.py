@@ -3,9 +3,10 @@
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host pool (swap space and
 the prefix cache's host tier) has the same layout in host (numpy) memory. After the model step,
 the plan's sample rows are sampled on device (jpaged.executors.sampling): only token ids and
-log-probabilities come back to the host. Block operations run in the order the scheduler relies
-on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out
-may reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
+log-probabilities come back to the host; a plan's prompt rows become prompt log-probabilities
+(jpaged.executors.prompt_logprobs). Block operations run in the order the scheduler relies on:
+copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out may
+reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to buckets so block operations do not recompile either. Every program a
 config can need (model steps, sampler variants, block operations) is compiled before serving by
@@ -31,10 +32,11 @@ import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.padding import pair_bucket
+from jpaged.core.padding import bucket, pair_bucket
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors import sampling
 from jpaged.executors.base import PendingStep
+from jpaged.executors.prompt_logprobs import padded_rows, prompt_logprobs
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
@@ -168,12 +170,23 @@ class JaxExecutor:
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
-        logits = self.run_model(plan) if plan.num_seqs else None  # f32[S, V], on device
+        # f32[S, V], or [S + P', V] with prompt rows (after the S sampling rows); on device
+        logits = self.run_model(plan) if plan.num_seqs else None
         return PendingStep(plan, start, logits)
 
     def collect(self, pending: PendingStep) -> ModelOutput:
-        """Samples the plan's rows (as they are now) on device; only tokens and log-probabilities come back."""
-        rows, logits = pending.plan.sampling, pending.handle
+        """Samples the plan's rows (as they are now) on device and reduces its prompt rows to prompt
+        log-probabilities; only tokens and log-probabilities come back."""
+        plan, logits = pending.plan, pending.handle
+        rows = plan.sampling
+        prompt_result = None
+        if logits is not None and plan.prompt_rows is not None:
+            num_seqs = len(plan.context_lens)
+            prompt_result = prompt_logprobs(logits, num_seqs, plan.prompt_rows)
+            k = plan.prompt_rows.num_top  # the jitted call's variant: its shape, offset and top-k bucket
+            self._programs.add(("prompt_logprobs", logits.shape[0], num_seqs, min(bucket(k, minimum=1), self.vocab_size)
+                                if k else 0))
+            logits = logits[:num_seqs]  # [S, V]: what the sampler sees, as without prompt rows
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and rows is not None:
             sampled = self.sample(logits, rows.batch)
@@ -181,13 +194,16 @@ class JaxExecutor:
                                  top_logprobs=sampled.top_logprobs, duration=0.0)
         elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample
             logits.block_until_ready()
+        output.prompt_logprobs = prompt_result
         output.duration = self.now() - pending.started
         return output
 
     def run_model(self, plan: StepPlan) -> jax.Array:
-        """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab] on device."""
+        """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab] on
+        device, or f32[S + P', vocab] when the plan has prompt rows (their P' rows after the S)."""
         step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
-        logits, self.kv_pool = step(self.kv_pool, plan)
+        prompt_rows = None if plan.prompt_rows is None else padded_rows(plan.prompt_rows)
+        logits, self.kv_pool = step(self.kv_pool, plan, prompt_rows)
         return logits
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:

@@ -2,8 +2,10 @@
 
 A follower runs the same jitted step as process 0, so it needs every field the executor reads: the
 device arrays, the block-op pairs, the scalar counts and the sampling batch (`SamplingBatch`, the
-rows' settings as arrays). It never needs the `Sequence` objects (`plan.seqs`, `plan.sampling.seqs`):
-those stay on process 0, the only process that applies the sampled tokens.
+rows' settings as arrays) and the prompt rows (`PromptRows`: their token rows, targets and top k,
+which change the step's shapes). It never needs the `Sequence` objects (`plan.seqs`,
+`plan.sampling.seqs`) nor the prompt rows' requests: those stay on process 0, the only process that
+applies the sampled tokens and records prompt log-probabilities.
 
 Layout: a 4-byte big-endian header length, a JSON header, then the arrays' raw bytes back to back.
 The header lists the scalars by field name and, for each array, its field, dtype, shape and byte
@@ -21,9 +23,10 @@ import struct
 
 import numpy as np
 
-from jpaged.core.step_plan import SamplingBatch, StepPlan
+from jpaged.core.step_plan import PromptRows, SamplingBatch, StepPlan
 
-_LOCAL_FIELDS = ("seqs", "sampling")  # StepPlan fields that stay on process 0 (sampling goes as its batch)
+# StepPlan fields that stay on process 0 (sampling goes as its batch, prompt_rows without its requests)
+_LOCAL_FIELDS = ("seqs", "sampling", "prompt_rows")
 _SCALARS = (int, float, bool, str, type(None))
 _HEADER = struct.Struct("!I")
 
@@ -72,13 +75,19 @@ def encode_plan(plan: StepPlan) -> list[bytes | memoryview]:
         batch_scalars, batch_arrays = _fields(plan.sampling.batch, (), "plan.sampling.batch.")
         header["batch"] = batch_scalars
         arrays += [(f"batch.{name}", array) for name, array in batch_arrays]
+    if plan.prompt_rows is not None:
+        rows = plan.prompt_rows
+        header["prompt_rows"] = {"num_top": int(rows.num_top)}
+        arrays += [("prompt_rows.token_rows", np.ascontiguousarray(rows.token_rows)),
+                   ("prompt_rows.targets", np.ascontiguousarray(rows.targets))]
     header["arrays"] = [[name, array.dtype.str, list(array.shape), array.nbytes] for name, array in arrays]
     head = json.dumps(header, separators=(",", ":")).encode()
     return [_HEADER.pack(len(head)), head, *(memoryview(array).cast("B") for _, array in arrays if array.nbytes)]
 
 
 def decode_plan(data: bytes | memoryview) -> StepPlan:
-    """The StepPlan `encode_plan` wrote (its sampling a `RemoteRows`, its `seqs` empty).
+    """The StepPlan `encode_plan` wrote (its sampling a `RemoteRows`, its `seqs` and its prompt rows'
+    `groups` empty).
 
     ValueError when the bytes do not hold a whole plan (a truncated or foreign message).
     """
@@ -91,7 +100,7 @@ def decode_plan(data: bytes | memoryview) -> StepPlan:
     except ValueError as exc:
         raise ValueError(f"plan message: its header is not JSON ({exc})") from None
     offset = _HEADER.size + size
-    plan_fields, batch_fields = dict(header["plan"]), header.get("batch")
+    plan_fields, batch_fields, prompt_fields = dict(header["plan"]), header.get("batch"), header.get("prompt_rows")
     for name, dtype, shape, nbytes in header["arrays"]:
         if offset + nbytes > len(data):
             raise ValueError(f"plan message: array {name} needs {nbytes} bytes at {offset}, the message has {len(data)}")
@@ -100,9 +109,12 @@ def decode_plan(data: bytes | memoryview) -> StepPlan:
         offset += nbytes
         if name.startswith("batch."):
             batch_fields[name[len("batch."):]] = array
+        elif name.startswith("prompt_rows."):
+            prompt_fields[name[len("prompt_rows."):]] = array
         else:
             plan_fields[name] = array
     if offset != len(data):
         raise ValueError(f"plan message: {len(data) - offset} bytes left over after the last array")
     sampling = RemoteRows(SamplingBatch(**batch_fields)) if batch_fields is not None else None
-    return StepPlan(**plan_fields, sampling=sampling)
+    prompt_rows = PromptRows(**prompt_fields, groups=[]) if prompt_fields is not None else None
+    return StepPlan(**plan_fields, sampling=sampling, prompt_rows=prompt_rows)

@@ -22,6 +22,7 @@ import functools
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -117,24 +118,28 @@ class ModelRunner:
             steps.append(jax.jit(functools.partial(self._step, attend), **jit_kwargs))
         self._decode, self._prefill = steps
 
-    def prefill(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
+    def prefill(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None = None
+                ) -> tuple[jax.Array, KVPool]:
         """Prefill-shaped step: returns (float32 logits [S, vocab] at `logits_indices`, updated pool).
 
-        The pool passed in is donated: use only the returned one.
+        `prompt_rows` i32[P] (prompt log-probabilities): logits also at these token rows, after the
+        S rows: [S + P, vocab]. Without it the step is the one every other batch runs (no new
+        compile). The pool passed in is donated: use only the returned one.
         """
-        arrays = self._checked(kv_pool, plan)
+        arrays = self._checked(kv_pool, plan, prompt_rows)
         return self._prefill(self.params, kv_pool, **arrays)
 
-    def decode(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
-        """Decode-shaped step (one token per sequence, T == S): (logits [S, vocab], updated pool)."""
-        arrays = self._checked(kv_pool, plan)
+    def decode(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None = None
+               ) -> tuple[jax.Array, KVPool]:
+        """Decode-shaped step (one token per sequence, T == S): (logits [S (+ P), vocab], updated pool)."""
+        arrays = self._checked(kv_pool, plan, prompt_rows)
         num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
         if num_tokens != num_seqs:
             raise ValueError(f"token_ids: a decode plan has one token per sequence, got T={num_tokens}, "
                              f"S={num_seqs}")
         return self._decode(self.params, kv_pool, **arrays)
 
-    def _checked(self, kv_pool: KVPool, plan: StepPlan) -> dict[str, np.ndarray]:
+    def _checked(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None) -> dict[str, np.ndarray]:
         spec = self.spec
         expected = (spec.num_layers, spec.num_kv_heads, None, self.block_size, spec.head_dim)
         for name, pool in zip(("k_pool", "v_pool"), kv_pool):
@@ -154,11 +159,16 @@ class ModelRunner:
                 raise ValueError(f"{name}: expected {list(shape)}, got {list(arrays[name].shape)}")
         if arrays["block_tables"].ndim != 2 or arrays["block_tables"].shape[0] != num_seqs:
             raise ValueError(f"block_tables: expected [S={num_seqs}, M], got {list(arrays['block_tables'].shape)}")
+        if prompt_rows is not None:
+            if prompt_rows.dtype != np.int32 or prompt_rows.ndim != 1:
+                raise ValueError(f"prompt_rows: expected int32 [P], got {prompt_rows.dtype} {list(prompt_rows.shape)}")
+            arrays = {**arrays, "prompt_rows": prompt_rows}
         return arrays
 
     def _step(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
               positions: jax.Array, slot_mapping: jax.Array, block_tables: jax.Array,
-              context_lens: jax.Array, query_start_loc: jax.Array, logits_indices: jax.Array):
+              context_lens: jax.Array, query_start_loc: jax.Array, logits_indices: jax.Array,
+              prompt_rows: jax.Array | None = None):
         # Runs only while tracing: counts compilations, one per distinct padded shape.
         self.num_compilations += 1
         spec = self.spec
@@ -176,5 +186,7 @@ class ModelRunner:
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
-        # The LM head runs only on each sequence's last token: [S, H] -> [S, V].
-        return model.logits(h[logits_indices], head), kv_pool
+        # The LM head runs only on each sequence's last token: [S, H] -> [S, V]; with prompt rows
+        # (prompt log-probabilities) on those too: [S + P, H] -> [S + P, V].
+        rows = logits_indices if prompt_rows is None else jnp.concatenate([logits_indices, prompt_rows])
+        return model.logits(h[rows], head), kv_pool

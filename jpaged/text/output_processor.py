@@ -186,7 +186,7 @@ class OutputProcessor:
                                                 sample.stop_reason if finish is not None else None))
         return RequestOutput(out.request_id, request.prompt_ids, completions, out.finished, out.arrival_time,
                              out.first_scheduled_time, out.first_token_time, out.finish_time, out.error,
-                             request.prompt)
+                             request.prompt, out.prompt_logprobs, out.prompt_ranks)
 
     @staticmethod
     def _take_text(sample: _Sample) -> str:

@@ -47,3 +47,23 @@ def test_greedy_generation_equals_transformers(peer):
     ours = greedy(spec, params, [prompt], 32, stop_ids=tok.eos_token_ids, seq_len=128)[0]
     # transformers pads past its EOS; ours stops after the EOS token.
     assert out[:len(ours)] == ours
+
+
+def test_prompt_logprobs_equal_transformers(peer):
+    """LLM.generate's prompt log-probabilities, in chunks of 8 tokens, equal transformers' log-softmax."""
+    from jpaged import LLM, SamplingParams
+
+    llm = LLM(str(ASSET), num_blocks=64, block_size=16, max_num_seqs=4, attention_backend="xla",
+              long_prefill_token_threshold=8)
+    texts = [SNIPPET, "日本語 🙂 def f(x):\n    return x"]
+    outs = llm.generate(texts, SamplingParams(max_tokens=1, prompt_logprobs=5), use_tqdm=False)
+    for out in outs:
+        ids = out.prompt_token_ids
+        with torch.no_grad():
+            want = torch.log_softmax(peer(torch.tensor([ids])).logits[0], dim=-1).numpy()  # [len, V]
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for t in range(1, len(ids)):
+            entry = out.prompt_logprobs[t]
+            np.testing.assert_allclose(entry[ids[t]], want[t - 1, ids[t]], atol=1e-4)
+            top = np.argsort(-want[t - 1])[:5]
+            np.testing.assert_allclose([entry[int(i)] for i in top], want[t - 1, top], atol=1e-4)

@@ -1,6 +1,6 @@
 """plan_wire: every plan a real scheduler makes (prompt chunks, decodes, swap and copy-on-write block
-ops, n > 1 and seeded sampling) decodes to the same arrays, scalars and sampling batch; bad bytes and
-fields that cannot travel are refused with their name."""
+ops, n > 1 and seeded sampling, prompt log-probabilities) decodes to the same arrays, scalars,
+sampling batch and prompt rows; bad bytes and fields that cannot travel are refused with their name."""
 
 import dataclasses
 
@@ -33,7 +33,8 @@ def _recorded_plans() -> list:
     engine = LLMEngine(config, executor=executor)
     prompts = [list(range(1, 14)), list(range(3, 12)), list(range(5, 20))]
     engine.generate(prompts, [SamplingParams(max_tokens=12, ignore_eos=True), SamplingParams(
-        n=2, temperature=0.7, seed=5, max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=9, logprobs=2)],
+        n=2, temperature=0.7, seed=5, max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=9, logprobs=2,
+                                                                                    prompt_logprobs=3)],
         use_tqdm=False)
     assert engine.scheduler.num_preemptions > 0
     return plans
@@ -46,14 +47,21 @@ def _same(a, b) -> bool:
 def test_every_scheduled_plan_round_trips():
     plans = _recorded_plans()
     assert any(len(p.swap_out_pairs) for p, _ in plans) and any(len(p.copy_pairs) for p, _ in plans)
+    assert any(p.prompt_rows is not None for p, _ in plans)
     for plan, buffers in plans:
         got = decode_plan(b"".join(bytes(b) for b in buffers))
         for field in dataclasses.fields(plan):
-            if field.name in ("seqs", "sampling"):
+            if field.name in ("seqs", "sampling", "prompt_rows"):
                 continue
             mine, theirs = getattr(plan, field.name), getattr(got, field.name)
             assert _same(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs, field.name
         assert got.seqs == []
+        if plan.prompt_rows is None:
+            assert got.prompt_rows is None
+        else:  # what the executor reads; the requests stay on process 0
+            mine, theirs = plan.prompt_rows, got.prompt_rows
+            assert _same(mine.token_rows, theirs.token_rows) and _same(mine.targets, theirs.targets)
+            assert theirs.num_top == mine.num_top == 3 and theirs.groups == []
         if plan.sampling is None:
             assert got.sampling is None
             continue

@@ -31,6 +31,7 @@ from jpaged.entrypoints.serve.responses import (
     as_token_id,
     chat_logprobs,
     completion_logprobs,
+    prompt_logprobs_json,
     sse,
     usage,
 )
@@ -45,6 +46,7 @@ class Prompt:
     ids: list[int]
     field: str  # the request field it came from ("prompt[2]", "messages")
     text: str | None  # its text (a chat prompt's rendering), None for token ids
+    truncated: bool = False  # truncate_prompt_tokens cut `ids`: `text` is more than the engine saw
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class _Choice:
     num_tokens: int = 0  # output tokens so far (continuous usage stats)
     finished: bool = False  # its finish reason went out
     prompt_sent: bool = False  # return_token_ids: the prompt's ids went out with the first chunk
+    echoed: bool = False  # completions' echo: the prompt went out (before the choice's first tokens)
 
 
 class _Handler:
@@ -89,8 +92,8 @@ class _Handler:
             raise RequestError("use_beam_search: not supported with stream: true (beams are ranked at the end)",
                                "use_beam_search")
         prompts = await asyncio.to_thread(self._checked_prompts, body)  # off the event loop
-        params = [body.sampling_params(self._max_tokens(body, p), self._logprobs(body), self.stream_interval)
-                  for p in prompts]
+        params = [body.sampling_params(self._max_tokens(body, p), self._logprobs(body), self._prompt_logprobs(body),
+                                       self.stream_interval) for p in prompts]
         structured = body.structured()
         if structured is not None:  # off the event loop and the engine's thread: a big schema takes a while
             params = await asyncio.to_thread(compiled, params, self.engine.tokenizer, structured[1])
@@ -116,7 +119,8 @@ class _Handler:
                 raise RequestError(f"{p.field}: is empty", param)
             if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in p.ids):
                 raise RequestError(f"{p.field}: token ids must be in [0, {self.vocab_size})", param)
-            p.ids = self._truncated(body, p.ids)
+            kept = self._truncated(body, p.ids)
+            p.ids, p.truncated = kept, len(kept) < len(p.ids)
         return prompts
 
     def _truncated(self, body, ids: list[int]) -> list[int]:
@@ -141,6 +145,8 @@ class _Handler:
         asked = body.requested_max_tokens if isinstance(body, ChatCompletionRequest) else body.max_tokens
         if asked is None:
             return room
+        if asked == 0:  # echo alone (the protocol allows 0 only then): the engine computes one token, as vLLM's
+            return 1
         if asked > room:
             name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
             raise RequestError(f"{name}: this model's maximum context length is {self.max_model_len} tokens; "
@@ -151,12 +157,17 @@ class _Handler:
     def _logprobs(self, body) -> int | None:
         raise NotImplementedError
 
+    def _prompt_logprobs(self, body) -> int | None:
+        return body.prompt_logprobs
+
     def token_strings(self, body) -> Callable[[int], str]:
         """How logprobs spell a token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""
         return as_token_id if body.return_tokens_as_token_ids else self.strings
 
-    def choice(self, index: int, c: CompletionOutput, body, state: _Choice, prompt: Prompt) -> dict:
-        """One choice of a response or a stream chunk (`state` is its progress so far)."""
+    def choice(self, index: int, c: CompletionOutput, out: RequestOutput, body, state: _Choice,
+               prompt: Prompt) -> dict:
+        """One choice of a response or a stream chunk: sample `c` of the engine's output `out` for
+        `prompt` (`state` is the choice's progress so far)."""
         raise NotImplementedError
 
     def aborted_choice(self, index: int) -> dict:
@@ -165,6 +176,10 @@ class _Handler:
 
     def extra_fields(self, body, prompts: list[Prompt], first: bool) -> dict:
         """Fields beside the choices (a chat response's prompt ids and text); `first`: the first chunk."""
+        return {}
+
+    def result_fields(self, body, outs: list[RequestOutput]) -> dict:
+        """Fields of a whole (not streamed) response that need the engine's outputs `outs`."""
         return {}
 
     async def collect(self, request_id: str, body, prompts: list[Prompt],
@@ -178,13 +193,13 @@ class _Handler:
         errors = [o.error for o in outs if o.error]
         if errors:
             raise RequestError(f"the engine ended the request: {errors[0]}", None)
-        choices = [self.choice(i * body.n + c.index, c, body, _Choice(), prompts[i])
+        choices = [self.choice(i * body.n + c.index, c, out, body, _Choice(), prompts[i])
                    for i, out in enumerate(outs) for c in out.outputs]
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         completion_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         header = ResponseHeader(request_id, self.object_name, self.model_name)
         return JSONResponse(header(choices=choices, usage=usage(prompt_tokens, completion_tokens),
-                                   **self.extra_fields(body, prompts, True)))
+                                   **self.extra_fields(body, prompts, True), **self.result_fields(body, outs)))
 
     def first_chunks(self, header: ResponseHeader, body, prompts: list[Prompt]) -> list[str]:
         """Chunks a stream opens with, before the engine's first output."""
@@ -205,7 +220,8 @@ class _Handler:
                     yield chunk
                 async for i, out in merged:
                     chosen = [(i * body.n + c.index, c) for c in out.outputs]
-                    choices = [self.choice(k, c, body, states.setdefault(k, _Choice()), prompts[i]) for k, c in chosen]
+                    choices = [self.choice(k, c, out, body, states.setdefault(k, _Choice()), prompts[i])
+                               for k, c in chosen]
                     completion_tokens += sum(len(c.token_ids) for c in out.outputs)
                     if choices:
                         extra = {}
@@ -266,23 +282,54 @@ class CompletionHandler(_Handler):
     def _logprobs(self, body: CompletionRequest) -> int | None:
         return body.logprobs
 
+    def _prompt_logprobs(self, body: CompletionRequest) -> int | None:
+        return body.num_prompt_logprobs
+
     def aborted_choice(self, index: int) -> dict:
         return {"index": index, "text": "", "logprobs": None, "finish_reason": "abort", "stop_reason": None}
 
-    def choice(self, index: int, c: CompletionOutput, body: CompletionRequest, state: _Choice, prompt: Prompt) -> dict:
+    def choice(self, index: int, c: CompletionOutput, out: RequestOutput, body: CompletionRequest, state: _Choice,
+               prompt: Prompt) -> dict:
+        token_ids, entries, text = c.token_ids, c.logprobs, c.text
+        if body.echo and not state.echoed:  # the choice's first chunk (or whole answer): the prompt leads
+            state.echoed = True
+            token_ids, entries, text = self._echoed(c, out, body, prompt)
+        elif body.echo and body.max_tokens == 0:  # a stream's later chunks: nothing past the prompt
+            token_ids, entries, text = [], [], ""
         logprobs = None
         if body.logprobs is not None:
-            logprobs, state.text_offset = completion_logprobs(self.token_strings(body), c, state.text_offset)
+            logprobs, state.text_offset = completion_logprobs(self.token_strings(body), token_ids, entries,
+                                                              body.logprobs, state.text_offset)
         state.num_tokens += len(c.token_ids)
         state.finished = c.finish_reason is not None
-        choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                   "stop_reason": c.stop_reason}
+        if out.prompt_logprobs is not None and not body.stream:  # vLLM's: per choice, never streamed
+            choice["prompt_logprobs"] = prompt_logprobs_json(self.strings, out.prompt_logprobs, out.prompt_ranks,
+                                                             body.num_prompt_logprobs)
         if body.return_token_ids:
             choice["token_ids"] = list(c.token_ids)
             if not state.prompt_sent:  # streams send the prompt's ids with a choice's first chunk only
                 choice["prompt_token_ids"] = prompt.ids
                 state.prompt_sent = True
         return choice
+
+    def _echoed(self, c: CompletionOutput, out: RequestOutput, body: CompletionRequest, prompt: Prompt
+                ) -> tuple[list[int], list | None, str]:
+        """(token ids, their logprob entries, text) of an echo: the prompt's (its text as given, or
+        its token ids decoded when it came as ids or was truncated), then the sample's unless
+        max_tokens is 0 (vLLM's shapes). The entries are None unless logprobs were asked for."""
+        ids = out.prompt_token_ids
+        if prompt.text is not None and not prompt.truncated:
+            prompt_text = prompt.text
+        else:
+            tokenizer = self.engine.tokenizer
+            prompt_text = tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else ""
+        prompt_entries = out.prompt_logprobs if body.logprobs is not None else None
+        if body.max_tokens == 0:
+            return ids, prompt_entries, prompt_text
+        entries = None if prompt_entries is None else prompt_entries + (c.logprobs or [])
+        return ids + c.token_ids, entries, prompt_text + c.text
 
 
 class ChatHandler(_Handler):
@@ -300,8 +347,8 @@ class ChatHandler(_Handler):
     def aborted_choice(self, index: int) -> dict:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort", "stop_reason": None}
 
-    def choice(self, index: int, c: CompletionOutput, body: ChatCompletionRequest, state: _Choice,
-               prompt: Prompt) -> dict:
+    def choice(self, index: int, c: CompletionOutput, out: RequestOutput, body: ChatCompletionRequest,
+               state: _Choice, prompt: Prompt) -> dict:
         logprobs = chat_logprobs(self.token_strings(body), c, body.top_logprobs or 0) if body.logprobs else None
         state.num_tokens += len(c.token_ids)
         state.finished = c.finish_reason is not None
@@ -322,6 +369,14 @@ class ChatHandler(_Handler):
         if first and body.return_prompt_text:
             extra["prompt_text"] = prompts[0].text
         return extra
+
+    def result_fields(self, body: ChatCompletionRequest, outs: list[RequestOutput]) -> dict:
+        """vLLM's `prompt_logprobs` of the chat prompt, when asked for."""
+        out = outs[0]
+        if out.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs_json(self.strings, out.prompt_logprobs, out.prompt_ranks,
+                                                        body.prompt_logprobs)}
 
     def first_chunks(self, header: ResponseHeader, body: ChatCompletionRequest, prompts: list[Prompt]) -> list[str]:
         """Each choice opens with the assistant's role, as OpenAI's streams do (the first also

@@ -6,8 +6,9 @@ request is served; the same field at any other value is refused with a 400 namin
 why, so no request is silently served differently from what it asked. docs/notes/serving.md has
 the whole table (honoured / neutral-only / refused) with each reason.
 
-`NEUTRAL_ONLY` holds the fields jpaged does not implement (yet); `CONTROLS` maps the sampling
-controls, which SamplingParams has under vLLM's names, from the request onto SamplingParams.
+`NEUTRAL_ONLY` holds the fields jpaged does not implement (yet), `CHAT_NEUTRAL_ONLY` those only
+the chat route lacks; `CONTROLS` maps the sampling controls, which SamplingParams has under
+vLLM's names, from the request onto SamplingParams.
 """
 
 from __future__ import annotations
@@ -28,15 +29,11 @@ class Neutral:
     reason: str  # why any other value is refused
 
 
-_LATER = "not supported yet"
 _NO_TOOLS = "tool and function calls are not supported (no tool-call parser): only 'none'"
 
 # field -> its neutral values and the reason others are refused. Fields of both routes unless
 # the route's model lacks them (`check_neutral` looks only at the fields a model has).
 NEUTRAL_ONLY: dict[str, Neutral] = {
-    # Later in jpaged (other branches): prompt log-probabilities, echo.
-    "echo": Neutral((False, None), f"{_LATER}: it comes with prompt log-probabilities"),
-    "prompt_logprobs": Neutral((None,), f"{_LATER}: prompt log-probabilities"),
     # Not planned: each needs a part jpaged does not have.
     "suffix": Neutral((None, ""), "insertion (text after the completion) is not supported"),
     "prompt_embeds": Neutral((None,), "embedding inputs are not supported: send text or token ids"),
@@ -72,12 +69,18 @@ NEUTRAL_ONLY: dict[str, Neutral] = {
     "return_hidden_states": Neutral((False,), "hidden states are not returned"),
 }
 
+# Neutral only on the chat route: completions honour their `echo` (the prompt before the completion).
+CHAT_NEUTRAL_ONLY: dict[str, Neutral] = {
+    "echo": Neutral((False, None), "vLLM's chat echo (the last message's content before the reply) is not "
+                                   "supported: /v1/completions' echo is"),
+}
 
-def check_neutral(body: Any) -> None:
-    """RequestError naming the first field of NEUTRAL_ONLY that `body` sets to a value not neutral."""
+
+def check_neutral(body: Any, rules: dict[str, Neutral] = NEUTRAL_ONLY) -> None:
+    """RequestError naming the first field of `rules` that `body` sets to a value not neutral."""
     fields = type(body).model_fields
     for name in body.model_fields_set:
-        rule = NEUTRAL_ONLY.get(name)
+        rule = rules.get(name)
         if rule is not None and name in fields and getattr(body, name) not in rule.values:
             allowed = " or ".join(json.dumps(v) for v in rule.values)
             raise RequestError(f"{name}: {rule.reason}; accepted only as {allowed}", name)

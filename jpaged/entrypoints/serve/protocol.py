@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from jpaged.core.constraints import StructuredOutputsParams
 from jpaged.core.sequence import MAX_LOGPROBS, SamplingParams
 from jpaged.entrypoints.serve.errors import RequestError
-from jpaged.entrypoints.serve.fields import check_neutral, sampling_controls
+from jpaged.entrypoints.serve.fields import CHAT_NEUTRAL_ONLY, check_neutral, sampling_controls
 from jpaged.entrypoints.serve.structured import ResponseFormat, StructuredOutputsRequest, structured_spec
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -71,6 +71,9 @@ class _Request(BaseModel):
     request_id: str | None = Field(None, min_length=1, max_length=256)  # the response id's suffix
     return_tokens_as_token_ids: bool | None = None  # logprobs tokens as "token_id:<id>"
     return_token_ids: bool | None = None  # choices carry token_ids, and the prompt's
+    # Per prompt position the prompt token's and the top k log-probabilities (vLLM's extension);
+    # returned whole, so not with stream (vLLM refuses k > 0 with stream as well)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # SGLang's extensions, which sglang-router and vllm-router add to every request they forward:
     # accepted without effect (no reasoning parser splits anything out) or neutral only (fields.py)
     separate_reasoning: bool = True
@@ -87,7 +90,6 @@ class _Request(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     # Neutral only (fields.NEUTRAL_ONLY)
-    prompt_logprobs: int | None = None
     logprob_token_ids: TokenIds | None = None
     spaces_between_special_tokens: bool = True
     priority: int = 0
@@ -103,6 +105,9 @@ class _Request(BaseModel):
     def _check_shared(self) -> _Request:
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise RequestError("stream_options: only allowed with stream: true", "stream_options")
+        if self.prompt_logprobs and self.stream:
+            raise RequestError("prompt_logprobs: not available with stream: true (they come whole, at the end of the "
+                               "prompt)", "prompt_logprobs")
         if isinstance(self.stop, list) and not all(self.stop):
             raise RequestError("stop: stop strings must be non-empty", "stop")
         for key in self.logit_bias or {}:
@@ -118,9 +123,11 @@ class _Request(BaseModel):
         """What the output must match and the request field that names it in errors, or None."""
         return structured_spec(self.response_format, self.structured_outputs)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, stream_interval: int) -> SamplingParams:
-        """The engine's SamplingParams (output_kind "delta" when streamed); `stream_interval` is the
-        server's, which a request may not raise yet."""
+    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None,
+                        stream_interval: int) -> SamplingParams:
+        """The engine's SamplingParams (output_kind "delta" when streamed); `logprobs` and
+        `prompt_logprobs` as the route reads them; `stream_interval` is the server's, which a request
+        may not raise yet."""
         if self.stream_interval is not None and self.stream_interval > stream_interval:
             raise RequestError(f"stream_interval: a per-request interval above the server's ({stream_interval}) "
                                "is not supported yet", "stream_interval")
@@ -133,7 +140,7 @@ class _Request(BaseModel):
                 top_k=max(self.top_k or 0, 0), max_tokens=max_tokens, seed=self.seed, stop=tuple(stop),
                 stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
                 include_stop_str_in_output=self.include_stop_str_in_output,
-                skip_special_tokens=self.skip_special_tokens, logprobs=logprobs,
+                skip_special_tokens=self.skip_special_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 use_beam_search=self.use_beam_search, length_penalty=self.length_penalty,
                 output_kind="delta" if self.stream else "final", **sampling_controls(self),
                 structured_outputs=None if structured is None else structured[0])
@@ -149,12 +156,12 @@ class CompletionRequest(_Request):
     """POST /v1/completions."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = Field(16, ge=1)  # None: what max_model_len leaves
+    max_tokens: int | None = Field(16, ge=0)  # None: what max_model_len leaves; 0 only with echo
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = False  # the prompt before the completion (text, tokens and, with logprobs, theirs)
     best_of: int | None = Field(None, ge=1)  # a sampling control (fields.CONTROLS): the n best of best_of
     add_special_tokens: bool = True  # text prompts get what the tokenizer adds (BOS, usually)
     # Neutral only (fields.NEUTRAL_ONLY)
-    echo: bool | None = False
     suffix: str | None = None
     prompt_embeds: Any = None
 
@@ -162,12 +169,21 @@ class CompletionRequest(_Request):
     def _check(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise RequestError("prompt: must not be empty", "prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens: must be at least 1 (0, the prompt alone, only with echo: true)",
+                               "max_tokens")
         if self.best_of is not None and self.best_of < self.n:
             raise RequestError(f"best_of: must be >= n ({self.n}), got {self.best_of}", "best_of")
         if self.best_of is not None and self.best_of > self.n and self.stream:
             raise RequestError(f"best_of: {self.best_of} > n ({self.n}) is not supported with stream: true (the n "
                                "best are known only at the end)", "best_of")
         return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs: as asked, else with echo the logprobs' k (vLLM's rule: an
+        echo with logprobs carries the prompt's)."""
+        return self.logprobs if self.prompt_logprobs is None and self.echo else self.prompt_logprobs
 
     def prompts(self) -> list[tuple[str | list[int], str]]:
         """(prompt, its field name) of each prompt: one string or id list, or a list of them."""
@@ -210,7 +226,7 @@ class ChatCompletionRequest(_Request):
     metadata: dict[str, str] | None = None  # tags for stored completions; nothing is stored
     prompt_cache_key: str | None = None  # a routing hint for OpenAI's cache; the prefix cache matches by content
     safety_identifier: str | None = None  # like user
-    # Neutral only (fields.NEUTRAL_ONLY)
+    # Neutral only (fields.NEUTRAL_ONLY; echo: fields.CHAT_NEUTRAL_ONLY, completions honour theirs)
     echo: bool = False  # vLLM's chat echo (prepend the last message)
     chat_template: str | None = None
     media_io_kwargs: dict[str, Any] | None = None
@@ -247,6 +263,7 @@ class ChatCompletionRequest(_Request):
             raise RequestError("tool_choice: with tools, OpenAI's default is 'auto', and tool calls are not "
                                "supported: send tool_choice 'none' (the tools still reach the chat template)",
                                "tool_choice")
+        check_neutral(self, CHAT_NEUTRAL_ONLY)
         return self
 
     @property

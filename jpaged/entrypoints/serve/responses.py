@@ -31,19 +31,54 @@ class TokenStrings:
         return text
 
 
-def completion_logprobs(strings: Callable[[int], str], c: CompletionOutput, offset: int) -> tuple[dict | None, int]:
-    """The legacy completions `logprobs` object of `c`'s tokens, text offsets starting at `offset`."""
-    if c.logprobs is None:
+def _clamped(logprob: float) -> float:
+    """-inf as the finite -9999.0 OpenAI (and vLLM) send: JSON has no infinity."""
+    return max(logprob, -9999.0)
+
+
+def completion_logprobs(strings: Callable[[int], str], token_ids: list[int],
+                        entries: list[dict[int, float] | None] | None, num_top: int,
+                        offset: int) -> tuple[dict | None, int]:
+    """The legacy completions `logprobs` object of `token_ids` (per token {id: logprob}, or None for
+    the first prompt token of an echo: then its logprob and top entry are null), text offsets
+    starting at `offset`; the top entries as vLLM counts them (the token's own, then `num_top`)."""
+    if entries is None:
         return None, offset
     tokens, token_logprobs, top, offsets = [], [], [], []
-    for token_id, entry in zip(c.token_ids, c.logprobs):
+    for token_id, entry in zip(token_ids, entries):
         text = strings(token_id)
         tokens.append(text)
-        token_logprobs.append(entry.get(token_id))
-        top.append({strings(t): lp for t, lp in entry.items()})
         offsets.append(offset)
         offset += len(text)
+        if entry is None:
+            token_logprobs.append(None)
+            top.append(None)
+            continue
+        token_logprobs.append(_clamped(entry[token_id]))
+        top.append({strings(t): _clamped(lp) for i, (t, lp) in enumerate(entry.items()) if i <= num_top})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}, offset
+
+
+def prompt_logprobs_json(strings: Callable[[int], str], entries: list[dict[int, float] | None],
+                         ranks: list[int | None], num_top: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` (chat response, completion choice): per prompt position None or
+    {token id: {logprob, rank, decoded_token}}, the prompt's token first with its own rank, then the
+    top `num_top` ranked 1, 2, ... (the prompt's token, if among them, holds its place in that order)."""
+    out: list[dict | None] = []
+    for entry, rank in zip(entries, ranks):
+        if entry is None:
+            out.append(None)
+            continue
+        (token, logprob), *rest = entry.items()
+        top = [t for t, _ in rest]
+        if rank <= num_top:  # the prompt's token is one of the top: its place among them
+            top.insert(rank - 1, token)
+        item = {str(token): {"logprob": _clamped(logprob), "rank": rank, "decoded_token": strings(token)}}
+        for i, t in enumerate(top[:num_top], 1):
+            if t != token:
+                item[str(t)] = {"logprob": _clamped(entry[t]), "rank": i, "decoded_token": strings(t)}
+        out.append(item)
+    return out
 
 
 def chat_logprobs(strings: Callable[[int], str], c: CompletionOutput, num_top: int) -> dict | None:

@@ -74,8 +74,8 @@ REFUSED = [  # (route, field, value, extra fields): each is a 400 whose param na
     ("completions", "min_tokens", 9, {}),  # more than max_tokens (4)
     ("chat", "repetition_penalty", 0.0, {}),
     # later (other branches) or never: neutral only
-    ("completions", "echo", True, {}),
-    ("completions", "prompt_logprobs", 1, {}),
+    ("completions", "prompt_logprobs", 1, {"stream": True}),  # honoured, but whole: not streamed
+    ("completions", "max_tokens", 0, {}),  # only with echo
     ("completions", "suffix", "tail", {}),
     ("completions", "priority", 1, {}),
     ("completions", "logprob_token_ids", [1], {"logprobs": 1}),
