@@ -155,19 +155,20 @@ def test_prefix_cache_is_not_read_for_prompt_logprobs(prompts):
 
 def test_no_cost_when_not_asked(prompts):
     """Without a request that asks, no plan carries prompt rows and every compiled step is one a plan
-    shape needs (one per padded shape and kind); asking adds compilations only for its own shapes."""
+    shape needs (one per padded shape and kind); asking adds compilations only for its own shapes.
+    (The model steps' count: the executor's num_compilations also counts sampler programs.)"""
     engine = _engine(chunk=7, budget=24)
     plans = _Plans()
     engine.observers.append(plans)
     _ask(engine, prompts, [None] * len(prompts))
     assert plans.plans_with_rows == 0
-    assert engine.executor.num_compilations == len(plans.shapes)
-    before = engine.executor.num_compilations
+    assert engine.executor.runner.num_compilations == len(plans.shapes)
+    before = engine.executor.runner.num_compilations
     _ask(engine, prompts, [None] * len(prompts))  # the same workload again: nothing new
-    assert engine.executor.num_compilations == before
+    assert engine.executor.runner.num_compilations == before
     _ask(engine, prompts, [2] * len(prompts))
     assert plans.plans_with_rows > 0
-    assert engine.executor.num_compilations == len(plans.shapes)
+    assert engine.executor.runner.num_compilations == len(plans.shapes)
 
 
 def test_streamed_deltas_carry_prompt_logprobs_once(prompts):
