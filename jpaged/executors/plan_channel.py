@@ -127,6 +127,7 @@ class PlanServer:
         self._lock = threading.Lock()  # sends (the engine thread) against close (the main thread)
         self._fail_lock = threading.Lock()  # the reader threads and the watchdog may find a loss at once
         self._closing = threading.Event()
+        self._stopping = threading.Event()  # close() has told the followers to stop
         self._step = 0
         self._deadline: dict[int, tuple[float, float]] = {}  # step -> (sent at, seconds allowed), until all acked
         self._followers: dict[int, socket.socket] = {}
@@ -204,19 +205,27 @@ class PlanServer:
                     raise self.error from exc
 
     def close(self) -> None:
-        """Tells every follower to stop (it exits 0), then closes the connections."""
-        self._closing.set()
+        """Tells every follower to stop (it exits 0), waits (at most the follower timeout) for the
+        acks of the steps they are still running, then closes the connections: closing first would
+        reset a follower's last ack, and it would fail instead of stopping."""
+        self._stopping.set()  # from now on a follower that hangs up is stopping, not lost
         with self._lock:
             for sock in self._followers.values():
                 try:
                     send_frame(sock, STOP)
                 except OSError:
                     pass
+        deadline = time.monotonic() + min(self.timeout, 10.0)
+        while time.monotonic() < deadline and min(self._acked.values(), default=0) < self._step:
+            time.sleep(0.005)
+        self._closing.set()
+        with self._lock:
+            for sock in self._followers.values():
                 sock.close()
 
     def _fail(self, rank: int, why: str) -> None:
         """Records the first loss and tells the callbacks (later ones are logged only)."""
-        if self._closing.is_set():
+        if self._closing.is_set() or self._stopping.is_set():
             return
         error = FollowerLost(f"process {rank} is lost: {why}")
         with self._fail_lock:

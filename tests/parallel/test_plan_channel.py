@@ -25,6 +25,18 @@ from tests.parallel.channel_pair import free_port, joined_pair
 CONFIG = {"model": {"name": "tiny-llama", "process_id": 0, "num_processes": 2}, "cache": {"num_blocks": 13}}
 
 
+def _connect(port: int, within: float = 10.0) -> socket.socket:
+    """A connection to 127.0.0.1:port, retried until the server listens (it binds after the joiner starts)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=within)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _port() -> int:
     return free_port()
 
@@ -140,7 +152,7 @@ def test_a_silent_follower_is_lost_within_the_timeout():
     port, box = _port(), {}
 
     def join():
-        sock = box["sock"] = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock = box["sock"] = _connect(port)
         send_frame(sock, HELLO, json.dumps({"process_id": 1, "config": _follower_config()}).encode())
         box["answer"] = recv_frame(sock)[0]
 
@@ -159,7 +171,7 @@ def test_a_stranger_on_the_port_is_ignored_and_the_follower_still_joins():
     port, box = _port(), {}
 
     def join():
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as stranger:
+        with _connect(port) as stranger:
             stranger.sendall(b"\x01" + (2**40).to_bytes(8, "big"))  # a frame far too large for a hello
             time.sleep(0.2)
         box["client"] = PlanClient("127.0.0.1", port, 1, _follower_config(), join_timeout=10)
