@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Sequence as Seq
 
 import numpy as np
@@ -243,18 +244,8 @@ class LLMEngine:
         return self._report(out)
 
     def _collect(self, launched: PendingStep) -> ModelOutput:
-        """The launched step's tokens. A request whose own sample rows cannot be prepared ends alone
-        with an error, and the step is collected again without its rows (see `_execute`)."""
-        plan = launched.plan
-        while True:
-            try:
-                result = self.executor.collect(launched)
-                break
-            except Exception:
-                if not self._fail_own_rows(plan):
-                    raise
-        self._check_rows(plan, result)
-        return result
+        """The launched step's tokens, guarded as `_execute`'s step is."""
+        return self._guarded(launched.plan, lambda: self.executor.collect(launched))
 
     def _report(self, out: SchedulerOutput) -> list[RequestOutput]:
         """The outputs collected since the last report; finished requests are forgotten."""
@@ -269,13 +260,17 @@ class LLMEngine:
         return outputs
 
     def _execute(self, plan: StepPlan) -> ModelOutput:
-        """Runs the plan. When the executor fails, the requests whose own sample rows cannot be
-        prepared (`step_guard.failing_groups`) end alone with an error and the plan runs again
-        without their rows: executors raise before changing any state when a request's data is at
-        fault (see `Executor.execute`). A failure no request explains propagates."""
+        """Runs the plan, guarded (`_guarded`)."""
+        return self._guarded(plan, lambda: self.executor.execute(plan))
+
+    def _guarded(self, plan: StepPlan, run: Callable[[], ModelOutput]) -> ModelOutput:
+        """`run()` (the executor's execute or collect of `plan`). When it fails, the requests whose
+        own sample rows cannot be prepared (`step_guard.failing_groups`) end alone with an error and
+        it runs again without their rows: executors raise before changing any state when a
+        request's data is at fault (see `Executor.execute`). A failure no request explains propagates."""
         while True:
             try:
-                result = self.executor.execute(plan)
+                result = run()
                 break
             except Exception:
                 if not self._fail_own_rows(plan):
