@@ -123,7 +123,8 @@ def mc_items(config: EchoVsVllmConfig) -> list[dict]:
     return items
 
 
-MC_YAML = """task: echo_vs_vllm_mc
+# lm-eval's multiple-choice task over a local JSONL of {context, choices, answer} (format: task, data).
+MC_YAML = """task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -184,7 +185,7 @@ def run(config: EchoVsVllmConfig) -> dict:
             tasks.mkdir()
             items = mc_items(config)
             (tasks / "mc.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
-            (tasks / "mc.yaml").write_text(MC_YAML.format(data=tasks / "mc.jsonl"))
+            (tasks / "mc.yaml").write_text(MC_YAML.format(task="echo_vs_vllm_mc", data=tasks / "mc.jsonl"))
             for server_name, server in servers.items():
                 accuracy[server_name] = lm_eval_accuracy(server.base_url, config.model, tasks,
                                                          Path(tmp) / server_name)

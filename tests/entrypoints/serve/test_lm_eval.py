@@ -18,6 +18,7 @@ import pytest
 for _module in ("fastapi", "uvicorn", "httpx", "lm_eval", "transformers"):
     pytest.importorskip(_module, reason=f"{_module} is not installed: pip install -e \".[test,lmeval]\"")
 
+from experiments.peers.echo_vs_vllm import MC_YAML
 from jpaged import LLM, SamplingParams
 from tests.helpers.server import MODEL, REPO, running_server
 from tests.helpers.text_assets import ASSET
@@ -37,20 +38,6 @@ MC_DOCS = [
 GEN_PROMPTS = ["def add(a, b):\n    return", "import", "class Stack:\n    def", "for line in"]
 MAX_GEN = 8
 
-MC_YAML = """task: jpaged_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-"""
 GEN_YAML = """task: jpaged_gen
 dataset_path: json
 dataset_kwargs:
@@ -119,7 +106,7 @@ def test_lm_eval_local_completions_loglikelihood_and_generate(tmp_path):
                                                 for c, ch, a in MC_DOCS))
     (tasks_dir / "gen.jsonl").write_text("".join(json.dumps({"prompt": p, "target": t}) + "\n"
                                                  for p, t in zip(GEN_PROMPTS, targets)))
-    (tasks_dir / "mc.yaml").write_text(MC_YAML.format(data=tasks_dir / "mc.jsonl"))
+    (tasks_dir / "mc.yaml").write_text(MC_YAML.format(task="jpaged_mc", data=tasks_dir / "mc.jsonl"))
     (tasks_dir / "gen.yaml").write_text(GEN_YAML.format(data=tasks_dir / "gen.jsonl", max_gen=MAX_GEN))
     with running_server(tmp_path) as server:
         results = _run_harness(server, tasks_dir, ["jpaged_mc", "jpaged_gen"], tmp_path)
