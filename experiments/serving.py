@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments.common import point_provenance, write_json
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.paper.metrics import summarize_requests
 from jpaged.paper.trace_runner import TraceResult

@@ -1,8 +1,8 @@
 """LLMEngine: requests in, tokens out — a thin loop of schedule -> execute -> update -> outputs.
 
-The scheduler decides the step (jpaged.core.scheduler), the executor applies its block operations,
+The scheduler decides the step (jpaged.core.sched.scheduler), the executor applies its block operations,
 runs the model and samples (jpaged.executors), and the postprocessor applies the sampled tokens:
-forks, beam steps, stop checks, frees (jpaged.core.postprocess). Observers watch every step without
+forks, beam steps, stop checks, frees (jpaged.core.sched.postprocess). Observers watch every step without
 wrapping anything (the trace runner measures through them). No jax import: the real executor is
 built lazily.
 """
@@ -19,12 +19,12 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.config.checks import check_str, show
-from jpaged.core import overlap, request_checks, step_guard
-from jpaged.core.kv_manager import usage
+from jpaged.core.sched import overlap, request_checks, step_guard
+from jpaged.core.kv.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
-from jpaged.core.postprocess import Postprocessor
-from jpaged.core.request_checks import CheckedRequest
-from jpaged.core.scheduler import Scheduler, SchedulerOutput
+from jpaged.core.sched.postprocess import Postprocessor
+from jpaged.core.sched.request_checks import CheckedRequest
+from jpaged.core.sched.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.executors.base import Executor, OverlapExecutor, PendingStep
@@ -187,7 +187,7 @@ class LLMEngine:
 
         Overlapped (`scheduler.async_scheduling`), an iteration applies the step launched by the
         last one, so outputs come one call later; in the decode steady state it first schedules
-        and launches the next step (`jpaged.core.overlap`)."""
+        and launches the next step (`jpaged.core.sched.overlap`)."""
         if self.overlapped:
             return self._step_overlapped()
         out = self._schedule()

@@ -4,6 +4,8 @@ functions and type-only ones under `if TYPE_CHECKING:` too).
 - jpaged/ is in wings, each a layer that imports only from layers below it (and from itself):
   config < core < models < executors < engine < {paper, text} < entrypoints < the package's front door.
 - The core (and the configuration it builds on) imports no jax, flax or kernel code.
+- Inside the core, three rooms in layers: the contract (modules directly in jpaged/core/) < kv/
+  (memory) < sched/ (scheduling): the contract imports neither room, kv never imports sched.
 - pallas_kernels imports nothing from jpaged; the library never imports experiments or tests.
 - No import circles anywhere in jpaged/ or pallas_kernels/.
 - At most 14 entries directly under jpaged/.
@@ -118,6 +120,23 @@ def test_every_wing_imports_only_from_layers_below_it():
              if b.startswith("jpaged") and _wing(b) != _wing(a) and LAYERS[_wing(b)] >= LAYERS[_wing(a)]]
     assert not wrong, "imports that point up (or sideways between wings of one layer):\n" + "\n".join(wrong)
     assert set(map(_wing, (m for m in MODULES if m.startswith("jpaged")))) <= set(LAYERS)
+
+
+CORE_ROOMS = {"": 0, "kv": 1, "sched": 2}  # the contract, memory, scheduling
+
+
+def _room(module: str) -> str:
+    """The room of a core module: its folder under jpaged/core/, or "" (the contract)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in CORE_ROOMS else ""
+
+
+def test_the_core_rooms_import_only_downwards():
+    core = [m for m in MODULES if m.startswith("jpaged.core.")]
+    assert {_room(m) for m in core} == set(CORE_ROOMS), sorted({_room(m) for m in core})
+    wrong = [f"{a} -> {b}" for a in core for b in GRAPH[a]
+             if b.startswith("jpaged.core.") and _room(b) != _room(a) and CORE_ROOMS[_room(b)] > CORE_ROOMS[_room(a)]]
+    assert not wrong, "core modules that import a room above their own:\n" + "\n".join(wrong)
 
 
 def test_the_core_imports_no_jax_and_no_kernels():

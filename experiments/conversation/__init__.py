@@ -35,7 +35,7 @@ from experiments.serving import run_sweep
 from experiments.throughput import sustained_rates
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, config_to_dict
 from jpaged.config.presets import get_preset
-from jpaged.core.eviction import POLICIES
+from jpaged.core.kv.eviction import POLICIES
 from jpaged.paper.metrics import summarize_requests
 from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.sim.fleet import run_fleet

@@ -26,7 +26,7 @@ import numpy as np
 from experiments import common
 from experiments.common import REPO_ROOT, provenance, write_json
 from jpaged.config import CacheConfig, SchedulerConfig, config_to_dict
-from jpaged.core.eviction import POLICIES
+from jpaged.core.kv.eviction import POLICIES
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.engine_args import load_engine
 

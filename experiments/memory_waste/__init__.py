@@ -25,7 +25,7 @@ from experiments.common import REPO_ROOT, provenance, write_json
 from experiments.memory_waste import plots
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.systems import build_engine, check_system
 from jpaged.paper.trace_runner import run_trace

@@ -55,7 +55,7 @@ class CacheConfig:
     # are copied there, and hits promote them back; 0 = no tier (evicted blocks are dropped)
     num_host_cache_blocks: int = 0
     # Eviction order of both prefix-cache tiers: lru (least recently released) or arc (adaptive
-    # replacement: recency vs reuse, jpaged.core.eviction)
+    # replacement: recency vs reuse, jpaged.core.kv.eviction)
     eviction_policy: Literal["lru", "arc"] = "lru"
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ serving does not recompile. One plan describes any mix of prompt chunks and deco
 computes its context's last q_s tokens (q_s = 1 for a decode, more for a prompt chunk);
 `max_query_len == 1` is the decode fast path. The executor applies the plan's block operations,
 runs the arrays through the model, samples its SampleRows and answers with a ModelOutput: a token
-per sample row, never logits. The scheduler's hot path fills plans by `jpaged.core.plan_builder`;
+per sample row, never logits. The scheduler's hot path fills plans by `jpaged.core.sched.plan_builder`;
 everything else builds them with `StepPlan.from_contexts` or `StepPlan.block_ops_only`.
 
 Padding conventions (the kernels rely on them):

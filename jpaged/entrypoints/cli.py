@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     _bench_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from jpaged.entrypoints.serve.server import run
+        from jpaged.entrypoints.serve.launch import run
     else:
         if args.num_prompts < 1 or not args.request_rate > 0 or not args.length_scale > 0:
             parser.error("--num-prompts must be >= 1, --request-rate and --length-scale > 0")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.scheduler import Scheduler
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.sched.scheduler import Scheduler
 from jpaged.core.sequence import SequenceStatus
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 

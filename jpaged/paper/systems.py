@@ -26,7 +26,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from jpaged.config import EngineConfig
-from jpaged.core.scheduler import Scheduler
+from jpaged.core.sched.scheduler import Scheduler
 from jpaged.engine import LLMEngine
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 from jpaged.paper.baselines.request_level import RequestLevelScheduler

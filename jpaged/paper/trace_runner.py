@@ -18,8 +18,8 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from jpaged.core.kv_manager import usage
-from jpaged.core.scheduler import SchedulerOutput
+from jpaged.core.kv.kv_manager import usage
+from jpaged.core.sched.scheduler import SchedulerOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import ModelOutput, StepPlan
 from jpaged.engine import EngineObserver, LLMEngine

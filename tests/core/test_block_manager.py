@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from tests.helpers.kv import allocate
 
 

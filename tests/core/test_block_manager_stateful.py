@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from tests.helpers.kv import allocate
 
 BLOCK_SIZE = 4

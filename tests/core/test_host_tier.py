@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.eviction import ARCPolicy, LRUPolicy, make_policy
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.kv.eviction import ARCPolicy, LRUPolicy, make_policy
 from tests.helpers.kv import allocate
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.eviction import LRUPolicy
-from jpaged.core.prefix_cache import PrefixCache, block_keys
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.kv.eviction import LRUPolicy
+from jpaged.core.kv.prefix_cache import PrefixCache, block_keys
 from tests.helpers.kv import allocate
 
 

@@ -2,10 +2,10 @@
 group's shares (rejoin), and the held-back memo of admission (admission)."""
 
 from jpaged.config import CacheConfig, SchedulerConfig
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.rejoin import Rejoin, Share
-from jpaged.core.running_batch import RunningBatch
-from jpaged.core.scheduler import Scheduler
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.sched.rejoin import Rejoin, Share
+from jpaged.core.sched.running_set import RunningSet
+from jpaged.core.sched.scheduler import Scheduler
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from tests.helpers.kv import allocate
 
@@ -31,7 +31,7 @@ def resident(bm: BlockManager, g: SequenceGroup) -> SequenceGroup:
 
 def test_running_set_keeps_arrival_order_widths_and_the_fast_path():
     bm = BlockManager(64, BS, 0, 64, watermark=0.0, max_seqs=8)
-    running = RunningBatch(bm)
+    running = RunningSet(bm)
     late, early = resident(bm, group(2, [[1] * 5])), resident(bm, group(1, [[2] * 6]))
     running.join(late)
     running.join(early)  # arrived earlier: goes first
@@ -53,7 +53,7 @@ def test_running_set_keeps_arrival_order_widths_and_the_fast_path():
 
 def test_with_a_forked_group_running_a_removal_rebuilds_in_running_order():
     bm = BlockManager(64, BS, 0, 64, watermark=0.0, max_seqs=8)
-    running = RunningBatch(bm)
+    running = RunningSet(bm)
     single = resident(bm, group(1, [[1] * 5]))
     beams = resident(bm, group(2, [[2] * 5, [3] * 5, [4] * 5], n=3))
     for g in (single, beams):

@@ -14,10 +14,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.decode_batch import DecodeBatch
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.sched.persistent_batch import PersistentBatch
 from jpaged.core.padding import bucket, seq_bucket
-from jpaged.core.plan_builder import PlanBuilder
+from jpaged.core.sched.plan_builder import PlanBuilder
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from tests.helpers.kv import allocate
 
@@ -56,7 +56,7 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     if decoding:  # the batch's decodes lead, through its cursor
         seqs = [new_seq(n) for n in decoding]
         rows = np.array([allocate(bm, s.seq_id, len(s) - 1) if len(s) > 1 else bm.admit(s.seq_id) for s in seqs])
-        batch = DecodeBatch(bm, seqs)
+        batch = PersistentBatch(bm, seqs)
         builder.add_decodes(batch, *batch.step())
         all_seqs, all_rows, all_counts = list(seqs), list(rows), [1] * len(seqs)
     for _ in range(one_token_decodes):  # a decode segment of its own (a swapped-in group's, say)

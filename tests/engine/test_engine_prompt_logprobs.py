@@ -192,8 +192,8 @@ def test_prompt_logprobs_bad_values_name_the_field(value, error):
 
 def test_prompt_logprobs_past_the_vocabulary_is_refused():
     from jpaged.config import SchedulerConfig as Sched
-    from jpaged.core.block_manager import BlockManager
-    from jpaged.core.request_checks import check_request
+    from jpaged.core.kv.block_manager import BlockManager
+    from jpaged.core.sched.request_checks import check_request
 
     kv = BlockManager(16, 4, 0, 32, watermark=0.0, max_seqs=2)
     with pytest.raises(ValueError, match=r"sampling_params.prompt_logprobs=5 exceeds the vocabulary of 4"):

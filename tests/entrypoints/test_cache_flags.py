@@ -12,7 +12,7 @@ from jpaged.entrypoints import cli
 from jpaged.entrypoints.engine_args import engine_config
 
 pytest.importorskip("uvicorn")
-from jpaged.entrypoints.serve.server import ENGINE_FLAGS  # (the serve extra)
+from jpaged.entrypoints.serve.launch import ENGINE_FLAGS  # (the serve extra)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 from experiments import block_size, chatbot, parallel_sampling, preemption, shared_prefix
 from experiments.serving import sharing_counts
 from jpaged.config import ModelConfig
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from jpaged.paper.workloads import conversation_lengths
 from tests.helpers.kv import allocate
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.prefix_cache import NO_HIT, PrefixHit
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.kv.prefix_cache import NO_HIT, PrefixHit
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 
 

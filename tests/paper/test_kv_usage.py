@@ -1,6 +1,6 @@
 """The paper's Fig. 2 split of a paged pool (jpaged.paper.kv_usage), by hand."""
 
-from jpaged.core.block_manager import BlockManager
+from jpaged.core.kv.block_manager import BlockManager
 from jpaged.paper.kv_usage import paged_usage_breakdown
 from tests.helpers.kv import allocate
 

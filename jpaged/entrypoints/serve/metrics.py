@@ -29,9 +29,9 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from jpaged.core.kv_manager import usage
+from jpaged.core.kv.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
-from jpaged.core.scheduler import SchedulerOutput
+from jpaged.core.sched.scheduler import SchedulerOutput
 from jpaged.core.sequence import SequenceGroup
 from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine

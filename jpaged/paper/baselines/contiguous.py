@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jpaged.core.decode_cursor import AppendCursor
-from jpaged.core.prefix_cache import NO_HIT, PrefixHit
-from jpaged.core.row_store import RowStore
+from jpaged.core.kv.slot_cursor import AppendCursor
+from jpaged.core.kv.prefix_cache import NO_HIT, PrefixHit
+from jpaged.core.kv.row_store import RowStore
 from jpaged.paper.baselines.buddy import BuddyAllocator, Policy, order_of, reservation
 
 

@@ -11,8 +11,8 @@ the batch size limit, is what stopped it. Everything else is the engine's schedu
 from __future__ import annotations
 
 from jpaged.config import CacheConfig, SchedulerConfig
-from jpaged.core.kv_manager import KVCacheManager
-from jpaged.core.scheduler import Scheduler, SchedulerOutput
+from jpaged.core.kv.kv_manager import KVCacheManager
+from jpaged.core.sched.scheduler import Scheduler, SchedulerOutput
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 
 
@@ -42,7 +42,7 @@ class RequestLevelScheduler(Scheduler):
         if not self.waiting:
             return False
         group = self.waiting[0]
-        if self.running_batch.num_seqs + group.width > self.config.max_num_seqs:
+        if self.running_set.num_seqs + group.width > self.config.max_num_seqs:
             return False
         leader, kv = group.live_seqs()[0], self.block_manager
         return (kv.fits(len(leader), width=group.width, final_len=group.max_total_len)

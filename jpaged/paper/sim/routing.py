@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from jpaged.core.prefix_cache import block_keys
+from jpaged.core.kv.prefix_cache import block_keys
 
 POLICIES = ("round_robin", "cache_aware")
 

@@ -4,7 +4,7 @@ tables of contiguous regions, the usage breakdown, and serving through the engin
 import numpy as np
 import pytest
 
-from jpaged.core.kv_manager import usage
+from jpaged.core.kv.kv_manager import usage
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 from tests.helpers.kv import reserve
 

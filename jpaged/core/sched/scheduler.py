@@ -12,15 +12,15 @@ StepPlan describes any mix. Three passes fill a step (a `StepDraft`):
    even alone has outgrown the pool and is aborted with an error;
 2. swapped groups come back, FIFO, while blocks allow (only if nothing was preempted);
 3. waiting groups are admitted, FCFS, while the budgets and blocks allow, unless swapped groups
-   wait (`jpaged.core.admission`).
+   wait (`jpaged.core.sched.admission`).
 
 `policy: paper` is the paper's vLLM (v0): admission comes first and a step that admits runs only
 whole prompts (the token budget binds after its first group, so a long recompute still runs);
 `policy: chunked` is vLLM v1 / Sarathi-Serve: decodes first, prompts chunked into what is left.
 In the steady state a step is the running batch's decode step alone (the decode fast path,
-`jpaged.core.running_batch`); a recomputed group's sequences rejoin it through
-`jpaged.core.rejoin`. The memory manager is any `kv_manager.KVCacheManager`; what happens after a
-step (appending tokens, forks, beams, stop checks, frees) lives in `jpaged.core.postprocess`.
+`jpaged.core.sched.running_set`); a recomputed group's sequences rejoin it through
+`jpaged.core.sched.rejoin`. The memory manager is any `kv_manager.KVCacheManager`; what happens after a
+step (appending tokens, forks, beams, stop checks, frees) lives in `jpaged.core.sched.postprocess`.
 Pure Python + numpy.
 """
 
@@ -32,15 +32,15 @@ import dataclasses
 import numpy as np
 
 from jpaged.config import CacheConfig, SchedulerConfig
-from jpaged.core.admission import Admission
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.decode_batch import DecodeBatch
-from jpaged.core.kv_manager import KVCacheManager
-from jpaged.core.plan_builder import PlanBuilder, batch_plan
-from jpaged.core.rejoin import Rejoin
-from jpaged.core.running_batch import RunningBatch
+from jpaged.core.sched.admission import Admission
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.sched.persistent_batch import PersistentBatch
+from jpaged.core.kv.kv_manager import KVCacheManager
+from jpaged.core.sched.plan_builder import PlanBuilder, batch_plan
+from jpaged.core.sched.rejoin import Rejoin
+from jpaged.core.sched.running_set import RunningSet
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from jpaged.core.step_draft import StepDraft
+from jpaged.core.sched.step_draft import StepDraft
 from jpaged.core.step_plan import StepPlan, pairs_array
 
 _NO_LIMIT = 1 << 62
@@ -57,7 +57,7 @@ class SchedulerOutput:
     kv_full: bool  # blocks ran out: a preemption, or a waiting group held back for lack of blocks
     # The running batch when its decodes lead the plan's sample rows (`SampleRows.num_batch_rows`):
     # the postprocessor records their sampled tokens in it as the next step's input ids.
-    batch: DecodeBatch | None = None
+    batch: PersistentBatch | None = None
 
 
 class Scheduler:
@@ -75,11 +75,11 @@ class Scheduler:
         self.host_tier = self.block_manager.prefix_cache.host if self.prefix_caching else None
         self.chunked = config.policy == "chunked"
         self.chunk_limit = config.long_prefill_token_threshold or _NO_LIMIT  # most new tokens per sequence per step
-        self.running_batch = RunningBatch(self.block_manager)
-        self.running = self.running_batch.groups  # the running groups, by arrival_order (the same list)
+        self.running_set = RunningSet(self.block_manager)
+        self.running = self.running_set.groups  # the running groups, by arrival_order (the same list)
         self.swapped: collections.deque[SequenceGroup] = collections.deque()
         self.rejoin = Rejoin(self.block_manager)
-        self.admission = Admission(config, self.block_manager, self.running_batch, self.rejoin, self.chunk_limit)
+        self.admission = Admission(config, self.block_manager, self.running_set, self.rejoin, self.chunk_limit)
         self.waiting = self.admission.waiting  # FCFS (the same deque)
         self.num_preemptions = 0
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
@@ -106,29 +106,29 @@ class Scheduler:
             if group in queue:
                 queue.remove(group)
         if group in self.running:
-            self.running_batch.leave(group)
-            self.running_batch.drop(group.seqs)
+            self.running_set.leave(group)
+            self.running_set.drop(group.seqs)
         for seq in group.seqs:
             self._release(seq)
 
     def free_seq(self, seq: Sequence) -> None:
         """Frees a finished (or dropped) sequence's blocks; with prefix caching they stay cached."""
         self._release(seq)
-        self.running_batch.drop((seq,))
+        self.running_set.drop((seq,))
         self._touched.append(seq.group)
 
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
         self.block_manager.fork(parent.seq_id, child.seq_id)
         self.admission.kv_events += 1
-        self.running_batch.forked()
+        self.running_set.forked()
 
     def remove_finished(self) -> None:
         """Drops finished groups from the running list (after sequences finished)."""
         if self._touched:
             for group in {id(g): g for g in self._touched}.values():
                 if group.is_finished and group in self.running:
-                    self.running_batch.leave(group)
+                    self.running_set.leave(group)
             self._touched.clear()
 
     def _release(self, seq: Sequence) -> None:
@@ -152,7 +152,7 @@ class Scheduler:
     def schedule_decode(self) -> SchedulerOutput | None:
         """The decode fast path alone: the running batch's next decode step when nothing changed
         since the last step and admission would stop at once; else None, and nothing changed.
-        (The overlapped engine schedules a step ahead with it: `jpaged.core.overlap`.) None with a
+        (The overlapped engine schedules a step ahead with it: `jpaged.core.sched.overlap`.) None with a
         host tier: a decode step's new blocks may evict cached ones to host, copies that
         `schedule_step` settles step by step."""
         if self.host_tier is not None:
@@ -161,7 +161,7 @@ class Scheduler:
 
     def _steady_step(self) -> tuple[SchedulerOutput | None, bool | None]:
         """(the fast path's step or None, why admission stops: None when it would not)."""
-        batch = self.running_batch.steady(self.swapped)
+        batch = self.running_set.steady(self.swapped)
         if batch is None:
             return None, None
         # The decode fast path: the running set is as the last step left it and admission
@@ -207,7 +207,7 @@ class Scheduler:
                 self.admission.admit(step, self._may_admit())
         self.num_preemptions += step.num_preempted
         builder = step.builder
-        plan = builder.build(all_single=self.running_batch.num_multi == 0)
+        plan = builder.build(all_single=self.running_set.num_multi == 0)
         leading = builder.leading_batch if plan.sampling is not None and plan.sampling.num_batch_rows else None
         return SchedulerOutput(plan, step.admitted, step.rejected, step.num_preempted,
                                step.num_preempted > 0 or step.held_back, leading)
@@ -216,13 +216,13 @@ class Scheduler:
         """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones. The
         decodes and the chunks get their slots all or nothing: while blocks are short, the
         latest-arrived group is preempted."""
-        if self.running_batch.num_multi:
+        if self.running_set.num_multi:
             return self._schedule_running_forked(step)
         bm = self.block_manager
         while True:  # one sequence per group: the batch decodes through its cursor
-            batch = self.running_batch.current()
+            batch = self.running_set.current()
             seqs = batch.seqs
-            chunks = self._plan_partial(step.tokens - len(seqs)) if self.running_batch.partial else []
+            chunks = self._plan_partial(step.tokens - len(seqs)) if self.running_set.partial else []
             if not chunks:
                 if not seqs:
                     return
@@ -250,9 +250,9 @@ class Scheduler:
         into a shared block, so every row goes through `append_slots` (copy-on-write)."""
         bm = self.block_manager
         while True:
-            batch = self.running_batch.current()
+            batch = self.running_set.current()
             seqs = batch.seqs
-            chunks = self._plan_partial(step.tokens - len(seqs)) if self.running_batch.partial else []
+            chunks = self._plan_partial(step.tokens - len(seqs)) if self.running_set.partial else []
             if not seqs and not chunks:
                 return
             rows, counts = batch.rows, None
@@ -276,10 +276,10 @@ class Scheduler:
     def _plan_partial(self, room: int) -> list[tuple[Sequence, int]]:
         """(sequence, new tokens) of the partly prefilled groups, FCFS, within `room` tokens; the
         sequences of a recomputed group join it here once their shared prefix is computed, and
-        stop one token short unless the whole group can finish now (see `jpaged.core.rejoin`)."""
+        stop one token short unless the whole group can finish now (see `jpaged.core.sched.rejoin`)."""
         chunks: list[tuple[Sequence, int]] = []
         rejoin, rows = self.rejoin, self.block_manager.rows
-        for group in self.running_batch.partial:
+        for group in self.running_set.partial:
             seqs = group.live_seqs()
             short = rejoin.short_by(seqs, room, self.chunk_limit) if len(seqs) > 1 else 0
             for seq in seqs:
@@ -301,7 +301,7 @@ class Scheduler:
         for group in {id(s.group): s.group for s in seqs}.values():
             live = group.live_seqs()
             if all(bm.rows.has_seq(s.seq_id) and bm.rows.num_slots(s.seq_id) == len(s.token_ids) for s in live):
-                self.running_batch.prefilled(group)  # its sequences decode from the next step on
+                self.running_set.prefilled(group)  # its sequences decode from the next step on
             if self.prefix_caching:
                 self.admission.kv_events += 1
                 for seq in live:
@@ -317,7 +317,7 @@ class Scheduler:
                                           f"({self.block_manager.num_usable_blocks} blocks)"))
             self.abort(victim)
             return
-        self.running_batch.evict(victim)
+        self.running_set.evict(victim)
         self._preempt(step, victim)
         step.num_preempted += 1
 
@@ -349,7 +349,7 @@ class Scheduler:
             seqs = group.live_seqs(SequenceStatus.SWAPPED)
             ids = [s.seq_id for s in seqs]
             num_appends += len(ids)
-            if self.running_batch.num_seqs + group.width > self.config.max_num_seqs or step.tokens < len(ids):
+            if self.running_set.num_seqs + group.width > self.config.max_num_seqs or step.tokens < len(ids):
                 break
             if not swap.can_swap_in(ids, num_appends, self._headroom()):
                 if not self.running and swap.blocks_needed(ids) + len(ids) > bm.num_usable_blocks:
@@ -365,9 +365,9 @@ class Scheduler:
             step.builder.swap_in(pairs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            self.running_batch.join(group)
+            self.running_set.join(group)
             if any(len(s.token_ids) - bm.rows.num_slots(s.seq_id) != 1 for s in seqs):  # mid-prompt: chunks next step
-                self.running_batch.mark_partial(group)
+                self.running_set.mark_partial(group)
                 continue
             rows = bm.rows.rows_of(ids)
             slots, copies = bm.append_slots(rows)  # room was checked by can_swap_in

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from jpaged.core.kv_manager import KVCacheManager
+    from jpaged.core.kv.kv_manager import KVCacheManager
     from jpaged.core.sequence import Sequence
 
 

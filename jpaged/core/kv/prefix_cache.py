@@ -6,9 +6,9 @@ block of tokens. There is one root per cache salt, so requests with different sa
 counts and tells the cache when a cached block loses its last reference (`release_all`) or gains
 one again (`touch`): a node whose block has references is locked; a node without references
 keeps its block cached (off the free list, in `evictable`) until space is needed, then it is
-evicted in the order of the device tier's `EvictionPolicy` (`jpaged.core.eviction`).
+evicted in the order of the device tier's `EvictionPolicy` (`jpaged.core.kv.eviction`).
 
-Two tiers. A node lives on the device or, with a host tier (`jpaged.core.host_tier`), in host
+Two tiers. A node lives on the device or, with a host tier (`jpaged.core.kv.host_tier`), in host
 memory: an evicted device block is copied to a host block instead of being dropped, and a match
 that reaches host nodes returns them for promotion (copied back into fresh device blocks at
 admission). Device nodes are the top of the tree (a device node's parent is on the device), so a
@@ -29,7 +29,7 @@ import zlib
 from typing import TYPE_CHECKING, Hashable, Iterable, Protocol
 
 if TYPE_CHECKING:
-    from jpaged.core.eviction import EvictionPolicy
+    from jpaged.core.kv.eviction import EvictionPolicy
 
 
 def block_keys(token_ids: list[int], block_size: int, known: list[tuple[int, ...]] | None = None
@@ -78,7 +78,7 @@ NO_HIT = PrefixHit([])
 
 class HostStore(Protocol):
     """The prefix cache's host tier as the tree, the block manager and the scheduler use it
-    (`jpaged.core.host_tier.HostTier`)."""
+    (`jpaged.core.kv.host_tier.HostTier`)."""
 
     policy: EvictionPolicy  # the host tier's eviction order
 

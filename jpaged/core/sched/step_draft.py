@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jpaged.core.plan_builder import PlanBuilder
+    from jpaged.core.sched.plan_builder import PlanBuilder
     from jpaged.core.sequence import Sequence, SequenceGroup
 
 

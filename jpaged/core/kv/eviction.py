@@ -1,6 +1,6 @@
 """Eviction policies of the prefix cache's tiers: which unreferenced cached block goes first.
 
-The radix tree (`jpaged.core.prefix_cache`) decides which blocks may go (a tier's candidates: on
+The radix tree (`jpaged.core.kv.prefix_cache`) decides which blocks may go (a tier's candidates: on
 the device, cached blocks no sequence references and no device block hangs below; on the host,
 leaves) and tells its tier's policy as they come and go; the policy only orders them. Both tiers
 take any `EvictionPolicy` (`cache.eviction_policy`):

@@ -6,7 +6,7 @@ sequences give up their rows and device references, and each keeps a host table 
 and token count). Swapping in reverses it into fresh device blocks and rows. The moves return the
 (src, dst) block pairs the executor copies before the step.
 
-The pool also serves the prefix cache's host tier (`jpaged.core.host_tier`, when there is one):
+The pool also serves the prefix cache's host tier (`jpaged.core.kv.host_tier`, when there is one):
 its blocks are unreferenced, so a swap-out takes them back when free blocks run short; they
 count as free here. With a tier, a host block freed while the step being scheduled may still
 read it (a swap-in, a promotion) or write it (an offload) waits for the next step (`settle`):
@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from jpaged.core.row_store import RowStore, int32_cells
+from jpaged.core.kv.row_store import RowStore, int32_cells
 
 
 class DevicePool(Protocol):
@@ -46,7 +46,7 @@ class DevicePool(Protocol):
 
 
 class CachedBlocks(Protocol):
-    """What the swap space asks of the prefix cache's host tier (`jpaged.core.host_tier.HostTier`)."""
+    """What the swap space asks of the prefix cache's host tier (`jpaged.core.kv.host_tier.HostTier`)."""
 
     @property
     def num_blocks(self) -> int:

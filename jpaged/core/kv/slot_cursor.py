@@ -26,8 +26,8 @@ import numpy as np
 from jpaged.core.padding import bucket, table_width
 
 if TYPE_CHECKING:
-    from jpaged.core.kv_manager import KVCacheManager
-    from jpaged.core.row_store import RowStore
+    from jpaged.core.kv.kv_manager import KVCacheManager
+    from jpaged.core.kv.row_store import RowStore
 
 
 class PagedPool(Protocol):

@@ -9,7 +9,7 @@ tokens the previous step sampled. The running set changes by events (an admissio
 last chunk, a swap-in, a finish, a preemption), and each edits the batch and its cursor in place:
 `add` appends sequences, `discard` removes them, the last row moving into the hole (vLLM v1's
 persistent input batch condenses the same way), so rows are in no particular order. The
-running set (`jpaged.core.running_batch`) rebuilds it instead where order matters: on a fork,
+running set (`jpaged.core.sched.running_set`) rebuilds it instead where order matters: on a fork,
 and on a removal while a group with several sequences runs (beam ranks follow its rows' order).
 Pure Python + numpy: no jax import.
 """
@@ -24,12 +24,12 @@ import numpy as np
 from jpaged.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from jpaged.core.kv_manager import KVCacheManager
+    from jpaged.core.kv.kv_manager import KVCacheManager
 
 _NEVER = 1 << 62  # no length limit ahead
 
 
-class DecodeBatch:
+class PersistentBatch:
     """Decoding sequences with what their steps share (see the module docstring)."""
 
     __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows",

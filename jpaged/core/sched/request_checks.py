@@ -13,7 +13,7 @@ from typing import Any, Container, NamedTuple
 
 from jpaged.config import SchedulerConfig
 from jpaged.config.checks import check_float, check_str, check_token_ids, show
-from jpaged.core.kv_manager import KVCacheManager
+from jpaged.core.kv.kv_manager import KVCacheManager
 from jpaged.core.sequence import SamplingParams
 
 

@@ -1,4 +1,4 @@
-"""The persistent decode batch (jpaged.core.decode_batch) is an optimisation only: whenever a step skips
+"""The persistent decode batch (jpaged.core.sched.persistent_batch) is an optimisation only: whenever a step skips
 the per-row stop checks, no row could have stopped but those it names as reaching their length
 limit, the table width is the one its contexts need, and every request ends exactly as it does
 with the per-row checks on every step."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
-from jpaged.core import plan_builder, scheduler
+from jpaged.core.sched import plan_builder, scheduler
 from jpaged.core.padding import step_width
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import ModelOutput
@@ -66,7 +66,7 @@ class CheckSkippedStops(EngineObserver):
             n = rows.num_batch_rows
             fresh = rows.seqs[:n]
             others = {id(s) for s in plan.seqs[n:]}
-            want = [s for g in scheduler.running if g not in scheduler.running_batch.partial for s in g.live_seqs()
+            want = [s for g in scheduler.running if g not in scheduler.running_set.partial for s in g.live_seqs()
                     if id(s) not in others]
             assert sorted(s.seq_id for s in fresh) == sorted(s.seq_id for s in want)
             assert plan.seqs[:n] == fresh and out.batch.seqs == fresh and len({id(s) for s in fresh}) == n

@@ -20,7 +20,7 @@ from types import FrameType
 import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
-from jpaged.entrypoints.serve.api_server import build_app
+from jpaged.entrypoints.serve.app import build_app
 from jpaged.entrypoints.serve.state import ServerState, warm_up_grid, warm_up_smallest_steps
 from jpaged.executors.warmup import enable_compilation_cache
 

@@ -1,6 +1,6 @@
 """The prefix cache's second tier: evicted device blocks kept in host memory, promoted back on a hit.
 
-The host pool is the swap space's (`jpaged.core.swap_space`): one pool of host blocks serves
+The host pool is the swap space's (`jpaged.core.kv.swap_space`): one pool of host blocks serves
 preempted groups and this tier. The tier holds at most `capacity` of them; its blocks are never
 referenced by a sequence, so they are as good as free to the swap space, which takes them back
 (`evict`) when a preempted group needs room: the cache never starves a preemption. Swapped-out
@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from jpaged.core.eviction import EvictionPolicy
-    from jpaged.core.prefix_cache import Node
-    from jpaged.core.swap_space import SwapSpace
+    from jpaged.core.kv.eviction import EvictionPolicy
+    from jpaged.core.kv.prefix_cache import Node
+    from jpaged.core.kv.swap_space import SwapSpace
 
 
 class HostTier:

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Hashable, Protocol
 
 import numpy as np
 
-from jpaged.core.prefix_cache import NO_HIT, PrefixCache, PrefixHit
+from jpaged.core.kv.prefix_cache import NO_HIT, PrefixCache, PrefixHit
 
 if TYPE_CHECKING:
-    from jpaged.core.row_store import RowStore
-    from jpaged.core.swap_space import SwapSpace
+    from jpaged.core.kv.row_store import RowStore
+    from jpaged.core.kv.swap_space import SwapSpace
 
 
 class DecodeCursor(Protocol):
     """The running batch's decode steps over a fixed set of rows, kept from step to step (see
-    jpaged.core.decode_cursor): each step gives every row one more slot."""
+    jpaged.core.kv.slot_cursor): each step gives every row one more slot."""
 
     def add(self, row: int) -> None:
         """Appends a row (its next token gets a slot from the next step on)."""
@@ -97,7 +97,7 @@ class KVCacheManager(Protocol):
         """A cursor over `rows` (no forked siblings): each `step()` gives every row one more slot
         and returns the step's arrays, or None (nothing changed) when out of blocks; rows join
         (`add(row)`) and leave (`remove(index)`, the last row moving into its place) in place
-        (see jpaged.core.decode_cursor)."""
+        (see jpaged.core.kv.slot_cursor)."""
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """A new sequence of the parent's group holding the parent's first `num_blocks` blocks (default all)."""

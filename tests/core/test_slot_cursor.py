@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jpaged.core.block_manager import BlockManager
-from jpaged.core.decode_cursor import AppendCursor, PagedDecodeCursor
+from jpaged.core.kv.block_manager import BlockManager
+from jpaged.core.kv.slot_cursor import AppendCursor, PagedDecodeCursor
 from jpaged.core.padding import bucket
 from tests.helpers.kv import allocate
 

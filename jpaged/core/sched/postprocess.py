@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 
-from jpaged.core import beam_search
+from jpaged.core.sched import beam_search
 from jpaged.core.outputs import CompletionOutput, RequestOutput
-from jpaged.core.scheduler import Scheduler, SchedulerOutput
+from jpaged.core.sched.scheduler import Scheduler, SchedulerOutput
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from jpaged.core.step_guard import describe
+from jpaged.core.sched.step_guard import describe
 from jpaged.core.step_plan import ModelOutput, PromptLogprobs, PromptRows
 
 logger = logging.getLogger(__name__)

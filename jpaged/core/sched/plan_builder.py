@@ -17,12 +17,12 @@ from jpaged.core.padding import arange, bucket, decode_ranges, seq_bucket, step_
 from jpaged.core.step_plan import PromptRows, SampleRows, StepPlan, pairs_array
 
 if TYPE_CHECKING:
-    from jpaged.core.decode_batch import DecodeBatch
-    from jpaged.core.kv_manager import KVCacheManager
+    from jpaged.core.sched.persistent_batch import PersistentBatch
+    from jpaged.core.kv.kv_manager import KVCacheManager
     from jpaged.core.sequence import Sequence
 
 
-def batch_plan(batch: DecodeBatch, state: np.ndarray, tables: np.ndarray, swap_in: list[tuple[int, int]] = (),
+def batch_plan(batch: PersistentBatch, state: np.ndarray, tables: np.ndarray, swap_in: list[tuple[int, int]] = (),
                swap_out: list[tuple[int, int]] = ()) -> StepPlan:
     """The running batch's decode step alone (no forks, no block copies): its cursor's arrays as
     they are (state i32[3, S]: positions, slots, context lengths; tables i32[S, M]), the token
@@ -56,7 +56,7 @@ class PlanBuilder:
         self._slots: list[np.ndarray] = []  # i32 slots of the records' new tokens, record after record
         self._num_decodes = 0  # records that run a sampled token (not a prompt chunk)
         # (running batch, its step arrays, block tables) when the batch's decodes lead the step
-        self._decodes: tuple[DecodeBatch, np.ndarray, np.ndarray] | None = None
+        self._decodes: tuple[PersistentBatch, np.ndarray, np.ndarray] | None = None
         self._copies: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
         self._swap_out: list[tuple[int, int]] = []
@@ -86,7 +86,7 @@ class PlanBuilder:
         if copies:
             self._copies += copies
 
-    def add_decodes(self, batch: DecodeBatch, state: np.ndarray, tables: np.ndarray) -> None:
+    def add_decodes(self, batch: PersistentBatch, state: np.ndarray, tables: np.ndarray) -> None:
         """Adds the running batch's decodes, one token each, as the step's first rows, with the
         arrays its cursor's step returned: state i32[3, S] (positions, slots, context lengths),
         tables i32[S, M]."""
@@ -101,7 +101,7 @@ class PlanBuilder:
         self._swap_out += pairs
 
     @property
-    def leading_batch(self) -> DecodeBatch | None:
+    def leading_batch(self) -> PersistentBatch | None:
         """The running batch, when its decodes were added (they lead the plan's rows)."""
         return None if self._decodes is None else self._decodes[0]
 

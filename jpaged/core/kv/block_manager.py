@@ -1,11 +1,11 @@
 """The paged KV cache managed like virtual memory (paper §4.2–4.4).
 
 Physical blocks of `block_size` token slots live in a device pool (and, for preempted groups and
-the prefix cache's host tier, a host pool: `jpaged.core.swap_space`, `jpaged.core.host_tier`). Each sequence has a block-table row (`jpaged.core.row_store`)
+the prefix cache's host tier, a host pool: `jpaged.core.kv.swap_space`, `jpaged.core.kv.host_tier`). Each sequence has a block-table row (`jpaged.core.kv.row_store`)
 mapping its logical blocks to physical ones. A reference count per physical block lets sequences
 of a group share blocks (parallel sampling, beam search, a recomputed group's common history); a
 write into a shared block is preceded by copy-on-write. Full blocks may stay in the radix prefix
-cache after their last reference (`jpaged.core.prefix_cache`): unreferenced cached blocks count
+cache after their last reference (`jpaged.core.kv.prefix_cache`): unreferenced cached blocks count
 as free and are evicted on demand (to the host tier, when there is one). A pinned prefix's
 blocks hold a reference of the pin and never go. Block 0 is reserved: padding entries point at it, so padded
 writes are harmless.
@@ -23,12 +23,12 @@ from typing import Hashable
 
 import numpy as np
 
-from jpaged.core.decode_cursor import PagedDecodeCursor
-from jpaged.core.eviction import make_policy
-from jpaged.core.host_tier import HostTier
-from jpaged.core.prefix_cache import NO_HIT, PrefixCache, PrefixHit, block_keys
-from jpaged.core.row_store import RowStore, int32_cells
-from jpaged.core.swap_space import SwapSpace
+from jpaged.core.kv.slot_cursor import PagedDecodeCursor
+from jpaged.core.kv.eviction import make_policy
+from jpaged.core.kv.host_tier import HostTier
+from jpaged.core.kv.prefix_cache import NO_HIT, PrefixCache, PrefixHit, block_keys
+from jpaged.core.kv.row_store import RowStore, int32_cells
+from jpaged.core.kv.swap_space import SwapSpace
 
 
 class BlockManager:
@@ -39,8 +39,8 @@ class BlockManager:
                  watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False,
                  num_host_cache_blocks: int = 0, eviction_policy: str = "lru"):
         """`num_host_blocks` host blocks of swap space, and `num_host_cache_blocks` more that the
-        prefix cache's host tier may hold (one pool: `jpaged.core.host_tier`); `eviction_policy`
-        orders both tiers' evictions (`jpaged.core.eviction.POLICIES`)."""
+        prefix cache's host tier may hold (one pool: `jpaged.core.kv.host_tier`); `eviction_policy`
+        orders both tiers' evictions (`jpaged.core.kv.eviction.POLICIES`)."""
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
         if block_size < 1:

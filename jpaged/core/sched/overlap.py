@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jpaged.core.scheduler import SchedulerOutput
-from jpaged.core.step_guard import subset
+from jpaged.core.sched.scheduler import SchedulerOutput
+from jpaged.core.sched.step_guard import subset
 from jpaged.core.step_plan import SampleRows, StepPlan
 
 

@@ -3,8 +3,8 @@
 Running groups are kept by arrival (preemption takes the latest). Each counts against
 max_num_seqs at its width (n samples or beams), so a fresh group's later forks and a beam step's
 churn never push a batch past the limit. Groups with a sequence still prefilling (chunks left)
-or not yet holding blocks (a recomputed group's sequences rejoin one by one: `jpaged.core.rejoin`)
-are `partial`; the decoding sequences of the others, and their rows, are a `DecodeBatch`, kept
+or not yet holding blocks (a recomputed group's sequences rejoin one by one: `jpaged.core.sched.rejoin`)
+are `partial`; the decoding sequences of the others, and their rows, are a `PersistentBatch`, kept
 across steps instead of rebuilt.
 
 Events edit the kept batch: groups that joined running or finished their prompts add their
@@ -21,11 +21,11 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Collection, Iterable
 
-from jpaged.core.decode_batch import DecodeBatch
+from jpaged.core.sched.persistent_batch import PersistentBatch
 from jpaged.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
-    from jpaged.core.kv_manager import KVCacheManager
+    from jpaged.core.kv.kv_manager import KVCacheManager
     from jpaged.core.sequence import Sequence, SequenceGroup
 
 
@@ -33,7 +33,7 @@ def _arrival(group: SequenceGroup) -> int:
     return group.arrival_order
 
 
-class RunningBatch:
+class RunningSet:
     """Running groups by arrival, the partial ones among them, and the kept decode batch."""
 
     def __init__(self, kv: KVCacheManager):
@@ -42,7 +42,7 @@ class RunningBatch:
         self.partial: list[SequenceGroup] = []  # those still prefilling or joining, by arrival_order
         self.num_seqs = 0  # the groups' widths: what they count against max_num_seqs
         self.num_multi = 0  # groups that hold or will hold several sequences (n > 1, beams)
-        self._batch: DecodeBatch | None = None  # None: rebuilt at the next step
+        self._batch: PersistentBatch | None = None  # None: rebuilt at the next step
         self._joins: list[SequenceGroup] = []  # groups whose running sequences join at the next step
         self._drops: list[Sequence] = []  # sequences that leave at the next step
 
@@ -99,7 +99,7 @@ class RunningBatch:
 
     # ------------------------------------------------------------------ the decode batch
 
-    def steady(self, swapped: Collection[SequenceGroup]) -> DecodeBatch | None:
+    def steady(self, swapped: Collection[SequenceGroup]) -> PersistentBatch | None:
         """The batch when the decode fast path may run it: no event since the last step, nothing
         partial, nothing `swapped` (the swapped queue) and no group with several sequences (else None)."""
         batch = self._batch
@@ -107,7 +107,7 @@ class RunningBatch:
             return None
         return batch
 
-    def current(self) -> DecodeBatch:
+    def current(self) -> PersistentBatch:
         """The decoding sequences of the running groups (partial ones excluded) and their rows:
         the kept batch brought up to date with the events since the last step, or a fresh one."""
         batch = self._batch
@@ -117,7 +117,7 @@ class RunningBatch:
             else:
                 running, skip = SequenceStatus.RUNNING, {id(g) for g in self.partial}
                 seqs = [s for g in self.groups if id(g) not in skip for s in g.seqs if s.status is running]
-            self._batch = batch = DecodeBatch(self.kv, seqs)
+            self._batch = batch = PersistentBatch(self.kv, seqs)
             self._joins.clear()
             self._drops.clear()
             return batch

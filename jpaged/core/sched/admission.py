@@ -2,7 +2,7 @@
 
 A waiting group starts through its first sequence (its prompt, or a recomputed sequence's whole
 history, less the prefix-cache hits); the other sequences of a recomputed group wait to share
-the common prefix blocks they had (`jpaged.core.rejoin`) and join in the same step (policy paper:
+the common prefix blocks they had (`jpaged.core.sched.rejoin`) and join in the same step (policy paper:
 whole prompts, the token budget binding after the step's first group) or in later ones (chunked:
 the first chunk now). A group that can never fit the pool (`KVCacheManager.fits`) is rejected;
 one that does not fit now holds the queue back.
@@ -19,16 +19,16 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, NamedTuple
 
-from jpaged.core.prefix_cache import NO_HIT
+from jpaged.core.kv.prefix_cache import NO_HIT
 from jpaged.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
     from jpaged.config import SchedulerConfig
-    from jpaged.core.kv_manager import KVCacheManager
-    from jpaged.core.rejoin import Rejoin
-    from jpaged.core.running_batch import RunningBatch
+    from jpaged.core.kv.kv_manager import KVCacheManager
+    from jpaged.core.sched.rejoin import Rejoin
+    from jpaged.core.sched.running_set import RunningSet
     from jpaged.core.sequence import SequenceGroup
-    from jpaged.core.step_draft import StepDraft
+    from jpaged.core.sched.step_draft import StepDraft
 
 
 class HeldBack(NamedTuple):
@@ -46,7 +46,7 @@ class HeldBack(NamedTuple):
 class Admission:
     """The waiting queue and its admission pass (see the module docstring)."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, running: RunningBatch, rejoin: Rejoin,
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, running: RunningSet, rejoin: Rejoin,
                  chunk_limit: int):
         self.kv = kv
         self.running = running
