@@ -109,9 +109,7 @@ class LLMEngine:
                               cache_salt=request.cache_salt, eos_token_ids=self.eos_token_ids)
         self._num_arrivals += 1
         self._groups[request.request_id] = group
-        self.postprocessor.num_streaming += request.params.output_kind != "final"
-        self.postprocessor.num_logprobs += request.params.logprobs is not None
-        self.postprocessor.num_constrained += request.params.constraint is not None
+        self.postprocessor.track(group)
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> None:
@@ -362,27 +360,9 @@ class LLMEngine:
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache hit rate (cached tokens / prompt tokens admitted, both tiers), cached device
-        blocks, device evictions, pinned blocks, and the host tier's size, use and traffic (hits:
-        the tokens its promoted blocks held)."""
-        admission = self.scheduler.admission
-        bm = self.scheduler.block_manager
-        cache = bm.prefix_cache
-        tier = cache.host.stats() if cache is not None and cache.host is not None else None
-        return {
-            "prefix_cache_hit_rate": admission.num_cached_tokens / max(admission.num_prompt_tokens, 1),
-            "prefix_cached_tokens": admission.num_cached_tokens,
-            "prefix_queried_tokens": admission.num_prompt_tokens,
-            "prefix_cached_blocks": cache.num_cached_blocks if cache is not None else 0,
-            "prefix_cache_evictions": cache.num_evictions if cache is not None else 0,
-            "num_pinned_blocks": bm.num_pinned_blocks if cache is not None else 0,
-            "host_cache_blocks": tier["capacity"] if tier else 0,
-            "host_cache_used_blocks": tier["blocks"] if tier else 0,
-            "host_cache_usage": tier["blocks"] / tier["capacity"] if tier else 0.0,
-            "host_cache_hit_tokens": tier["promotions"] * bm.block_size if tier else 0,
-            "host_cache_promotions": tier["promotions"] if tier else 0,
-            "host_cache_offloads": tier["offloads"] if tier else 0,
-            "host_cache_evictions": tier["evictions"] if tier else 0,
-        }
+        blocks, device evictions, pinned blocks, and the host tier's size, use and traffic
+        (`Scheduler.prefix_cache_stats`)."""
+        return self.scheduler.prefix_cache_stats()
 
 
 def _check_overlap(scheduler: Scheduler, executor: Executor) -> None:
@@ -390,10 +370,10 @@ def _check_overlap(scheduler: Scheduler, executor: Executor) -> None:
     if not isinstance(executor, OverlapExecutor):
         raise TypeError(f"scheduler.async_scheduling: {type(executor).__name__} cannot overlap steps (it has no "
                          f"launch / collect); set async_scheduling to false")
-    if type(scheduler).schedule is not Scheduler.schedule:
-        # Its own `schedule` gates admission around every step, which a step scheduled ahead would skip.
-        raise ValueError(f"scheduler.async_scheduling: not supported with {type(scheduler).__name__} "
-                         f"(it overrides Scheduler.schedule); set async_scheduling to false")
+    if scheduler.batching is not None:
+        # The rule gates admission around every step, which a step scheduled ahead would skip.
+        raise ValueError(f"scheduler.async_scheduling: not supported with {type(scheduler.batching).__name__} "
+                         f"(it gates admission step by step); set async_scheduling to false")
 
 
 def _default_executor(config: EngineConfig) -> Executor:

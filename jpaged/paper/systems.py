@@ -29,7 +29,7 @@ from jpaged.config import EngineConfig
 from jpaged.core.sched.scheduler import Scheduler
 from jpaged.engine import LLMEngine
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
-from jpaged.paper.baselines.request_level import RequestLevelScheduler
+from jpaged.paper.baselines.request_level import request_level_scheduler
 from jpaged.paper.sim.config import SimConfig
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def make_scheduler(system: str, config: EngineConfig) -> Scheduler:
     if cache.enable_prefix_caching:
         raise ValueError(f"cache.enable_prefix_caching: {system} has no prefix cache; set it false")
     if system == "fastertransformer":
-        return RequestLevelScheduler(sched, cache)
+        return request_level_scheduler(sched, cache)
     manager = ContiguousBlockManager(cache.num_blocks, cache.block_size, sched.max_model_len,
                                      _ORCA_POLICY[system], max_seqs=sched.max_num_seqs)
     return Scheduler(sched, cache, manager)

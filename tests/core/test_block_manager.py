@@ -165,3 +165,33 @@ def test_swap_in_of_other_groupings_forgets_remembered_counts():
     assert bm.swap.blocks_needed([3]) == 2
     allocate(bm, 5, 4 * (bm.num_free_blocks - 1))  # one free block left: not enough for sequence 3
     assert not bm.swap.can_swap_in([3])
+
+
+def test_num_events_moves_with_every_block_event_and_not_with_appends():
+    """The admission pass skips a held-back request until `num_events` moves: every event that can
+    change its answer (admit, fork, free, swap out and in, cache inserts) must move it; a decode
+    append must not, or the steady state would retry the queue's head every step."""
+    bm = BlockManager(11, 4, 6, 64, watermark=0.0, max_seqs=2, enable_prefix_caching=True)
+    seen = [bm.num_events]
+
+    def moved() -> bool:
+        seen.append(bm.num_events)
+        return seen[-1] > seen[-2]
+
+    row = allocate(bm, 1, 6)
+    assert moved()
+    bm.append_slots(np.array([row]))
+    assert not moved()
+    bm.cache_blocks(1, list(range(7)))
+    assert moved()
+    bm.fork(1, 2)
+    assert moved()
+    bm.swap.swap_out([1, 2])
+    assert moved()
+    bm.swap.swap_in([1, 2])
+    assert moved()
+    bm.free(2)
+    assert moved()
+    bm.swap.swap_out([1])
+    bm.free(1)  # a swapped-out sequence's host blocks
+    assert moved()

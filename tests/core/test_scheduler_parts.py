@@ -106,8 +106,8 @@ def test_admission_memo_skips_retries_until_something_changes():
     assert out.admitted == [] and out.kv_full and admission.held_back.group is small
     held = admission.held_back
     assert admission.blocked(True, 64) is True  # held back, nothing changed: the next step skips it
-    admission.kv_events += 1  # a block event: the next step tries again
+    admission.held_back = held._replace(kv_events=held.kv_events - 1)  # a block event since: the next step tries again
     assert admission.blocked(True, 64) is None
-    admission.kv_events -= 1
+    admission.held_back = held
     assert admission.blocked(True, held.remaining - 1) is None  # (chunked) it would ask for fewer tokens
     assert admission.blocked(False, 64) is False  # admission closed (request-level batching)

@@ -10,7 +10,7 @@ from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
-from jpaged.paper.baselines.request_level import RequestLevelScheduler
+from jpaged.paper.baselines.request_level import request_level_scheduler
 from jpaged.paper.sim.executor import SimExecutor
 
 EOS = 7
@@ -123,9 +123,9 @@ def test_overlapped_outputs_equal_synchronous_under_preemption(mode):
 def test_async_scheduling_is_refused_where_it_cannot_apply():
     config = EngineConfig(model=ModelConfig(name="tiny-opt"), executor="sim",
                           scheduler=SchedulerConfig(async_scheduling=True))
-    with pytest.raises(ValueError, match="scheduler.async_scheduling: not supported with RequestLevelScheduler"):
+    with pytest.raises(ValueError, match="scheduler.async_scheduling: not supported with RequestLevelBatching"):
         LLMEngine(config, executor=SimExecutor(get_preset("tiny-opt")),
-                  scheduler=RequestLevelScheduler(config.scheduler, config.cache))
+                  scheduler=request_level_scheduler(config.scheduler, config.cache))
 
     class StepOnly:  # an Executor without launch / collect
         vocab_size = None

@@ -26,6 +26,7 @@ import numpy as np
 from jpaged.core.kv.slot_cursor import PagedDecodeCursor
 from jpaged.core.kv.eviction import make_policy
 from jpaged.core.kv.host_tier import HostTier
+from jpaged.core.kv.kv_manager import NO_CACHE_STATS
 from jpaged.core.kv.prefix_cache import NO_HIT, PrefixCache, PrefixHit, block_keys
 from jpaged.core.kv.row_store import RowStore, int32_cells
 from jpaged.core.kv.swap_space import SwapSpace
@@ -61,16 +62,19 @@ class BlockManager:
         self.swap = SwapSpace(self, num_host_blocks + num_host_cache_blocks)
         # Cached blocks without references stay off the free list until evicted on demand.
         self.prefix_cache = None
+        self.host_tier = None  # the prefix cache's second tier, in host memory
         if enable_prefix_caching:
-            tier = (HostTier(self.swap, num_host_cache_blocks, make_policy(eviction_policy, num_host_cache_blocks))
-                    if num_host_cache_blocks else None)
-            self.prefix_cache = PrefixCache(block_size, make_policy(eviction_policy, num_blocks - 1), tier)
-            self.swap.tier = tier
+            self.host_tier = (HostTier(self.swap, num_host_cache_blocks,
+                                       make_policy(eviction_policy, num_host_cache_blocks))
+                              if num_host_cache_blocks else None)
+            self.prefix_cache = PrefixCache(block_size, make_policy(eviction_policy, num_blocks - 1), self.host_tier)
+            self.swap.tier = self.host_tier
         # Unreferenced cached blocks: as good as free (evicted on demand).
         self._reclaimable = self.prefix_cache.evictable if self.prefix_cache is not None else ()
         # (salt, prefix tokens) -> the blocks its pin holds (`pin_prefix`).
         self.pinned: dict[tuple[Hashable, tuple[int, ...]], list[int]] = {}
         self.num_pinned_blocks = 0
+        self._num_cache_events = 0  # prefix-cache inserts and host frees (`num_events`)
 
     # ------------------------------------------------------------------ queries
 
@@ -83,6 +87,26 @@ class BlockManager:
     def num_usable_blocks(self) -> int:
         """Device blocks that can hold tokens (all but block 0)."""
         return self.num_blocks - 1
+
+    @property
+    def num_events(self) -> int:
+        """Block events so far: sequences taking or giving up rows (admissions, forks, frees, swaps),
+        prefix-cache inserts and frees of swapped-out sequences."""
+        return self.rows.num_changes + self._num_cache_events
+
+    def cache_stats(self) -> dict:
+        """The prefix cache's figures (`kv_manager.NO_CACHE_STATS`'s keys): its device blocks,
+        evictions and pins, and its host tier's size, use and traffic."""
+        cache, tier = self.prefix_cache, self.host_tier
+        stats = {**NO_CACHE_STATS, "prefix_cached_blocks": cache.num_cached_blocks,
+                 "prefix_cache_evictions": cache.num_evictions, "num_pinned_blocks": self.num_pinned_blocks}
+        if tier is not None:
+            stats.update(host_cache_blocks=tier.capacity, host_cache_used_blocks=tier.num_blocks,
+                         host_cache_usage=tier.num_blocks / tier.capacity,
+                         host_cache_hit_tokens=tier.num_promotions * self.block_size,
+                         host_cache_promotions=tier.num_promotions, host_cache_offloads=tier.num_offloads,
+                         host_cache_evictions=tier.num_evictions)
+        return stats
 
     # ------------------------------------------------------------------ admission
 
@@ -196,6 +220,7 @@ class BlockManager:
         """Offers a resident sequence's full blocks (those with slots: written this step or before) to the cache."""
         if self.prefix_cache is None:
             return
+        self._num_cache_events += 1
         rows = self.rows
         row = rows.row_of(seq_id)
         num_full = min(rows.token_cells[row], len(token_ids)) // self.block_size
@@ -218,6 +243,7 @@ class BlockManager:
             if not self.swap.holds(seq_id):
                 raise KeyError(f"cannot free sequence {seq_id}: it holds no blocks (unknown or already freed)") from None
             self.swap.free(seq_id)
+            self._num_cache_events += 1
             return
         self.release_blocks(self.rows.blocks_of(row))
         self.clear_row(row)

@@ -125,12 +125,6 @@ class HostTier:
         """Frees the host blocks the last step read or wrote (`SwapSpace.settle`)."""
         self.pool.settle()
 
-    def stats(self) -> dict[str, int]:
-        """capacity, blocks (held now), offloads, promotions (blocks copied back by prefix hits),
-        evictions: blocks so far."""
-        return {"capacity": self.capacity, "blocks": len(self._node_of), "offloads": self.num_offloads,
-                "promotions": self.num_promotions, "evictions": self.num_evictions}
-
     def take_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The (device, host) offloads and (host, device) promotions queued since the last call. A
         host block offloaded into twice (evicted from the tier and reused in the same step) keeps

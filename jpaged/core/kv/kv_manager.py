@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from jpaged.core.kv.swap_space import SwapSpace
 
 
+# A manager's prefix-cache figures (`KVCacheManager.cache_stats`), as they read without a cache:
+# cached device blocks, device evictions, pinned blocks; the host tier's capacity, blocks held, use,
+# tokens its promoted blocks held (hits), promotions, offloads and evictions.
+NO_CACHE_STATS = {"prefix_cached_blocks": 0, "prefix_cache_evictions": 0, "num_pinned_blocks": 0,
+                  "host_cache_blocks": 0, "host_cache_used_blocks": 0, "host_cache_usage": 0.0,
+                  "host_cache_hit_tokens": 0, "host_cache_promotions": 0, "host_cache_offloads": 0,
+                  "host_cache_evictions": 0}
+
+
 class DecodeCursor(Protocol):
     """The running batch's decode steps over a fixed set of rows, kept from step to step (see
     jpaged.core.kv.slot_cursor): each step gives every row one more slot."""
@@ -57,6 +66,15 @@ class KVCacheManager(Protocol):
     @property
     def num_usable_blocks(self) -> int:
         """Device blocks that can hold tokens (all but reserved block 0)."""
+
+    @property
+    def num_events(self) -> int:
+        """Block events so far (admissions, forks, frees, swaps, cache inserts): a count that moves
+        whenever a waiting request's answer from `can_admit` might have (the admission pass skips
+        retrying a held-back request until it does)."""
+
+    def cache_stats(self) -> dict:
+        """The prefix cache's figures, `NO_CACHE_STATS`'s keys (asked only when `prefix_cache` is set)."""
 
     def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
         """The fit rule: whether a group could ever run in this pool, every block free: its first

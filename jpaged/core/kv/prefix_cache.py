@@ -100,9 +100,6 @@ class HostStore(Protocol):
     def take_ops(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The (device, host) offloads and (host, device) promotions of the step being scheduled."""
 
-    def stats(self) -> dict[str, int]:
-        """The tier's size, use and traffic (see `HostTier.stats`)."""
-
 
 def root_digest(salt: Hashable) -> int:
     """The content digest of a salt's root: stable across processes (str hashes are not)."""

@@ -39,6 +39,9 @@ class RowStore:
         self._row_of: dict[int, int] = {}  # seq id -> row of a resident sequence
         self._make(num_rows)
         self._free_rows = list(range(num_rows - 1, 0, -1))  # a stack: the lowest row first
+        # Sequences that took or gave up a row so far: admissions, forks, frees and swaps all do, and
+        # the admission pass retries a held-back request only after one (`KVCacheManager.num_events`).
+        self.num_changes = 0
 
     def _make(self, num_rows: int) -> None:
         """Zeroed tables and counters for `num_rows` rows (buffers and their views)."""
@@ -105,12 +108,15 @@ class RowStore:
             self._grow()
         row = self._free_rows.pop()
         self._row_of[seq_id] = row
+        self.num_changes += 1
         return row
 
     def pop(self, seq_id: int) -> int:
         """Forgets which row `seq_id` holds and returns it (its contents stay until `clear`); KeyError
         when it holds none."""
-        return self._row_of.pop(seq_id)
+        row = self._row_of.pop(seq_id)
+        self.num_changes += 1
+        return row
 
     def clear(self, row: int) -> None:
         """Zeroes a row given up by its sequence and makes it free again."""

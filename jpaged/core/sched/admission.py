@@ -10,7 +10,7 @@ one that does not fit now holds the queue back.
 The queue's head is retried every step; while nothing its answer depends on has changed since it
 was held back (`HeldBack`), the retry is skipped. A change is a block event (frees, admissions,
 forks, swaps, cache inserts: a group's length, its prefix hits and the running set change only
-with one), which whoever causes it counts in `kv_events`, or a change in the running sequences,
+with one), which the KV manager counts itself (`KVCacheManager.num_events`), or a change in the running sequences,
 the free blocks, or (chunked) the tokens the head would schedule. Pure Python: no jax import.
 """
 
@@ -36,7 +36,7 @@ class HeldBack(NamedTuple):
     depended on (see the module docstring)."""
 
     group: SequenceGroup | None
-    kv_events: int  # block events so far
+    kv_events: int  # the KV manager's block events then (`num_events`)
     num_running_seqs: int  # the running groups' widths (the headroom, max_num_seqs)
     remaining: int  # prompt tokens it had left
     count: int  # tokens it asked for (chunked: what the budget left of `remaining`)
@@ -56,7 +56,6 @@ class Admission:
         self.chunk_limit = chunk_limit  # most new tokens per sequence per step
         self.prefix_caching = kv.prefix_cache is not None
         self.waiting: collections.deque[SequenceGroup] = collections.deque()  # FCFS
-        self.kv_events = 0  # block events so far (everyone who causes one counts it here)
         self.held_back = HeldBack(None, -1, -1, -1, -1, 0)
         self.num_prompt_tokens = 0  # prompt tokens admitted for prefill (prompts, and recomputed outputs)
         self.num_cached_tokens = 0  # of those, tokens served from the prefix cache
@@ -74,7 +73,7 @@ class Admission:
         if num_running + head.width > self.max_num_seqs:
             return False
         held = self.held_back
-        if (head is held.group and self.kv_events == held.kv_events and num_running == held.num_running_seqs
+        if (head is held.group and self.kv.num_events == held.kv_events and num_running == held.num_running_seqs
                 and (not self.chunked or min(held.remaining, tokens_left, self.chunk_limit) == held.count)
                 and self.kv.num_free_blocks <= held.free_blocks):
             return True
@@ -122,11 +121,10 @@ class Admission:
             if not kv.can_admit(num_tokens, cached + count, hits, width=group.width, final_len=group.max_total_len,
                                 headroom=headroom, extra_blocks=extra_blocks):
                 step.held_back = True
-                self.held_back = HeldBack(group, self.kv_events, self.running.num_seqs, remaining, count,
+                self.held_back = HeldBack(group, kv.num_events, self.running.num_seqs, remaining, count,
                                           kv.num_free_blocks)
                 break
             self.waiting.popleft()
-            self.kv_events += 1
             kv.admit(leader.seq_id, hits, width=group.width, final_len=group.max_total_len, num_tokens=num_tokens)
             self.num_cached_tokens += cached
             self.num_prompt_tokens += sum(len(s.token_ids) for s in seqs) if followers else num_tokens
@@ -141,7 +139,6 @@ class Admission:
             if not self.chunked:
                 for follower in followers:  # the blocks they share are written this step: join now
                     rejoin.attach(follower)
-                    self.kv_events += 1
                     step.add_chunk(follower, len(follower.token_ids) - rows.num_slots(follower.seq_id))
             # (Whole-prompt admission schedules every sequence to its end: never partial.)
             if self.chunked and any(not rows.has_seq(s.seq_id) or len(s.token_ids) > rows.num_slots(s.seq_id)

@@ -18,7 +18,7 @@ import logging
 from jpaged.core.sched import beam_search
 from jpaged.core.outputs import CompletionOutput, RequestOutput
 from jpaged.core.sched.scheduler import Scheduler, SchedulerOutput
-from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.sched.step_guard import describe
 from jpaged.core.step_plan import ModelOutput, PromptLogprobs, PromptRows
 
@@ -31,9 +31,20 @@ class Postprocessor:
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
         self.outputs: list[RequestOutput] = []  # reported by the next `drain`
-        self.num_streaming = 0  # unfinished requests with output_kind "delta" / "cumulative"
-        self.num_logprobs = 0  # unfinished requests that asked for logprobs
-        self.num_constrained = 0  # unfinished requests with a constraint (their tokens are applied row by row)
+        # The features of the unfinished requests it holds (`track` counts them in, `_untrack` out):
+        # a step none of them needs skips the per-row work they cost.
+        self.num_streaming = 0  # with output_kind "delta" / "cumulative"
+        self.num_logprobs = 0  # that asked for logprobs
+        self.num_constrained = 0  # with a constraint (their tokens are applied row by row)
+
+    def track(self, group: SequenceGroup) -> None:
+        """Counts a new request's features in (the engine calls it as the request is queued)."""
+        self._count(group.sampling_params, 1)
+
+    def _count(self, params: SamplingParams, sign: int) -> None:
+        self.num_streaming += sign * (params.output_kind != "final")
+        self.num_logprobs += sign * (params.logprobs is not None)
+        self.num_constrained += sign * (params.constraint is not None)
 
     def update(self, out: SchedulerOutput, result: ModelOutput, started: float, now: float) -> None:
         """Applies one executed step: `started` and `now` are the clock at its start and end."""
@@ -270,12 +281,7 @@ class Postprocessor:
                     seq.status = status
         group.finish_time = now
         group.error = error
-        if group.sampling_params.output_kind != "final":
-            self.num_streaming -= 1
-        if group.sampling_params.logprobs is not None:
-            self.num_logprobs -= 1
-        if group.sampling_params.constraint is not None:
-            self.num_constrained -= 1
+        self._count(group.sampling_params, -1)
         self.outputs.append(self.output_of(group, finished=True))
 
     def fail_group(self, group: SequenceGroup, now: float, error: str) -> None:
@@ -287,9 +293,7 @@ class Postprocessor:
             if not seq.status.is_finished:
                 seq.status = SequenceStatus.FINISHED_ABORTED
         if group.finish_time is None:
-            self.num_streaming -= group.sampling_params.output_kind != "final"
-            self.num_logprobs -= group.sampling_params.logprobs is not None
-            self.num_constrained -= group.sampling_params.constraint is not None
+            self._count(group.sampling_params, -1)
         group.finish_time = now
         group.error = error
         try:

@@ -72,8 +72,8 @@ class Rejoin:
         return share.source is None or self.kv.rows.num_slots(share.source.seq_id) >= share.tokens
 
     def attach(self, seq: Sequence) -> None:
-        """Gives a waiting sequence its row, forking its shared prefix (a block event: the
-        scheduler counts it)."""
+        """Gives a waiting sequence its row, forking its shared prefix (a block event, which
+        the KV manager counts)."""
         share = self._waiting.pop(seq.seq_id)
         if share.source is None:
             self.kv.admit(seq.seq_id, final_len=seq.group.max_total_len, num_tokens=len(seq.token_ids))

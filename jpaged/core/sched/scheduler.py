@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Protocol
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from jpaged.config import CacheConfig, SchedulerConfig
 from jpaged.core.sched.admission import Admission
 from jpaged.core.kv.block_manager import BlockManager
 from jpaged.core.sched.persistent_batch import PersistentBatch
-from jpaged.core.kv.kv_manager import KVCacheManager
+from jpaged.core.kv.kv_manager import NO_CACHE_STATS, KVCacheManager
 from jpaged.core.sched.plan_builder import PlanBuilder, batch_plan
 from jpaged.core.sched.rejoin import Rejoin
 from jpaged.core.sched.running_set import RunningSet
@@ -60,11 +61,27 @@ class SchedulerOutput:
     batch: PersistentBatch | None = None
 
 
+class BatchingRule(Protocol):
+    """When waiting groups may join the running set, for a scheduler that does not let them join
+    at every step (the paper's request-level baseline: `jpaged.paper.baselines.request_level`)."""
+
+    def may_admit(self, scheduler: Scheduler) -> bool:
+        """Whether the step about to be scheduled may admit waiting groups (asked as it starts)."""
+
+    def stepped(self, scheduler: Scheduler, out: SchedulerOutput) -> None:
+        """Sees each scheduled step (after its passes) to decide on the next ones."""
+
+
 class Scheduler:
     """FCFS waiting queue, running set and swapped queue over one KV memory manager."""
 
-    def __init__(self, config: SchedulerConfig, cache: CacheConfig, kv_manager: KVCacheManager | None = None):
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig, kv_manager: KVCacheManager | None = None,
+                 batching: BatchingRule | None = None):
+        """`kv_manager`: the paged `BlockManager` of `cache` by default; `batching`: None for
+        iteration-level scheduling (groups join at any step), else the rule that gates admission."""
         self.config = config
+        self.batching = batching
+        self._admitting = True  # whether the step being scheduled may admit (the batching rule's answer)
         self.block_manager: KVCacheManager = kv_manager or BlockManager(
             cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
             watermark=cache.watermark, max_seqs=config.max_num_seqs,
@@ -120,7 +137,6 @@ class Scheduler:
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
         self.block_manager.fork(parent.seq_id, child.seq_id)
-        self.admission.kv_events += 1
         self.running_set.forked()
 
     def remove_finished(self) -> None:
@@ -134,7 +150,6 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         """Gives back a sequence's blocks: device ones (full ones offered to the prefix cache) or host."""
         self.rejoin.forget(seq.seq_id)
-        self.admission.kv_events += 1
         bm = self.block_manager
         if bm.rows.has_seq(seq.seq_id):
             if self.prefix_caching:
@@ -146,15 +161,32 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self) -> SchedulerOutput:
-        """Decides the next step's batch (see the module docstring for the three passes)."""
-        return self.schedule_step()
+        """Decides the next step's batch (see the module docstring for the three passes), and the
+        host tier's copies of the step: offloads of the device blocks it evicted, promotions of
+        the host blocks its admissions matched (swapped in with the swapped groups)."""
+        if self.batching is not None:
+            self._admitting = self.batching.may_admit(self)
+        tier = self.host_tier
+        if tier is None:
+            out = self._passes()
+        else:
+            tier.settle()  # host blocks the last step read or wrote are free again
+            out = self._passes()
+            offloads, promotions = tier.take_ops()
+            if offloads:
+                out.plan.offload_pairs = pairs_array(offloads)
+            if promotions:
+                out.plan.swap_in_pairs = pairs_array(out.plan.swap_in_pairs.tolist() + promotions)
+        if self.batching is not None:
+            self.batching.stepped(self, out)
+        return out
 
     def schedule_decode(self) -> SchedulerOutput | None:
         """The decode fast path alone: the running batch's next decode step when nothing changed
         since the last step and admission would stop at once; else None, and nothing changed.
         (The overlapped engine schedules a step ahead with it: `jpaged.core.sched.overlap`.) None with a
         host tier: a decode step's new blocks may evict cached ones to host, copies that
-        `schedule_step` settles step by step."""
+        `schedule` settles step by step."""
         if self.host_tier is not None:
             return None
         return self._steady_step()[0]
@@ -167,29 +199,13 @@ class Scheduler:
         # The decode fast path: the running set is as the last step left it and admission
         # would stop at once, so the three passes come down to the batch's decode step.
         tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
-        held_back = self.admission.blocked(self._may_admit(), tokens_left)  # (True: for lack of blocks)
+        held_back = self.admission.blocked(self._admitting, tokens_left)  # (True: for lack of blocks)
         if held_back is None:
             return None, None
         decoded = batch.step()
         if decoded is None:
             return None, held_back
         return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, held_back, batch), held_back
-
-    def schedule_step(self) -> SchedulerOutput:
-        """The three passes (policies that gate admission override `schedule` around this), and
-        the host tier's copies of the step: offloads of the device blocks it evicted, promotions of
-        the host blocks its admissions matched (swapped in with the swapped groups)."""
-        tier = self.host_tier
-        if tier is None:
-            return self._passes()
-        tier.settle()  # host blocks the last step read or wrote are free again
-        out = self._passes()
-        offloads, promotions = tier.take_ops()
-        if offloads:
-            out.plan.offload_pairs = pairs_array(offloads)
-        if promotions:
-            out.plan.swap_in_pairs = pairs_array(out.plan.swap_in_pairs.tolist() + promotions)
-        return out
 
     def _passes(self) -> SchedulerOutput:
         """The decode fast path, or the three passes."""
@@ -198,13 +214,13 @@ class Scheduler:
             return out
         step = StepDraft(PlanBuilder(self.block_manager), self.config.max_num_batched_tokens, held_back is True)
         if not self.chunked and not self.swapped:  # paper: prefill steps come first
-            self.admission.admit(step, self._may_admit())
+            self.admission.admit(step, self._admitting)
         if self.chunked or not step.admitted:
             self._schedule_running(step)
             if step.num_preempted == 0 and self.swapped:
                 self._swap_in(step)
             if self.chunked and not self.swapped and step.num_preempted == 0:  # (vLLM v1: none after a preemption)
-                self.admission.admit(step, self._may_admit())
+                self.admission.admit(step, self._admitting)
         self.num_preemptions += step.num_preempted
         builder = step.builder
         plan = builder.build(all_single=self.running_set.num_multi == 0)
@@ -287,7 +303,6 @@ class Scheduler:
                     if not rejoin.can_attach(seq):
                         continue
                     rejoin.attach(seq)
-                    self.admission.kv_events += 1
                 count = min(len(seq.token_ids) - rows.num_slots(seq.seq_id) - short, room, self.chunk_limit)
                 if count > 0:
                     chunks.append((seq, count))
@@ -303,7 +318,6 @@ class Scheduler:
             if all(bm.rows.has_seq(s.seq_id) and bm.rows.num_slots(s.seq_id) == len(s.token_ids) for s in live):
                 self.running_set.prefilled(group)  # its sequences decode from the next step on
             if self.prefix_caching:
-                self.admission.kv_events += 1
                 for seq in live:
                     if bm.rows.has_seq(seq.seq_id):
                         bm.cache_blocks(seq.seq_id, seq.token_ids, group.cache_salt, seq.block_keys)
@@ -324,7 +338,6 @@ class Scheduler:
     def _preempt(self, step: StepDraft, group: SequenceGroup) -> None:
         """Evicts a whole group: swap when configured and room allows, else recompute."""
         bm = self.block_manager
-        self.admission.kv_events += 1
         resident = [s for s in group.live_seqs() if bm.rows.has_seq(s.seq_id)]
         whole = len(resident) == len(group.live_seqs())  # a group still joining its blocks recomputes
         ids = [s.seq_id for s in resident]
@@ -351,7 +364,7 @@ class Scheduler:
             num_appends += len(ids)
             if self.running_set.num_seqs + group.width > self.config.max_num_seqs or step.tokens < len(ids):
                 break
-            if not swap.can_swap_in(ids, num_appends, self._headroom()):
+            if not swap.can_swap_in(ids, num_appends, self.headroom()):
                 if not self.running and swap.blocks_needed(ids) + len(ids) > bm.num_usable_blocks:
                     self.swapped.popleft()
                     step.rejected.append((group, "its sequences outgrew the whole KV pool "
@@ -361,7 +374,6 @@ class Scheduler:
                 break
             self.swapped.popleft()
             pairs = swap.swap_in(ids)
-            self.admission.kv_events += 1
             step.builder.swap_in(pairs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
@@ -374,11 +386,18 @@ class Scheduler:
             step.builder.add(seqs, rows, None, slots, copies)
             step.tokens -= len(seqs)
 
-    def _headroom(self) -> int | None:
+    def prefix_cache_stats(self) -> dict:
+        """The admitted prompts' prefix-cache hit rate (cached tokens / prompt tokens, both tiers),
+        with the KV manager's own cache figures (`KVCacheManager.cache_stats`; zeros without a cache)."""
+        admission = self.admission
+        cache = self.block_manager.cache_stats() if self.prefix_caching else dict(NO_CACHE_STATS)
+        return {"prefix_cache_hit_rate": admission.num_cached_tokens / max(admission.num_prompt_tokens, 1),
+                "prefix_cached_tokens": admission.num_cached_tokens,
+                "prefix_queried_tokens": admission.num_prompt_tokens, **cache}
+
+    def headroom(self) -> int | None:
         """Free blocks swap-in keeps: the manager's watermark (None), waived when nothing else runs
         (no one could be preempted to make room, and a group that fits the pool must progress)."""
         return None if self.running else 0
 
-    def _may_admit(self) -> bool:
-        """Whether new groups may join now (request-level batching closes this between batches)."""
-        return True
+

@@ -1,6 +1,6 @@
 """One scheduling step in progress: the plan being built, the token budget left, what happened to groups.
 
-`Scheduler.schedule_step` makes one `StepDraft` and hands it to its passes (running groups, swap-in,
+`Scheduler.schedule` makes one `StepDraft` and hands it to its passes (running groups, swap-in,
 admission) in turn; each takes tokens from the budget, adds rows and block operations to the
 builder and records admissions, rejections and preemptions. The draft becomes the step's
 `SchedulerOutput`. Pure Python: no jax import.
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(slots=True)
 class StepDraft:
-    """What one `schedule_step` has decided so far."""
+    """What one `Scheduler.schedule` has decided so far."""
 
     builder: PlanBuilder  # the plan's rows and block operations
     tokens: int  # token budget left: max_num_batched_tokens less the tokens scheduled so far

@@ -4,6 +4,7 @@ request-level batching (request_level)."""
 
 from jpaged.paper.baselines.buddy import BuddyAllocator, reservation
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
-from jpaged.paper.baselines.request_level import RequestLevelScheduler
+from jpaged.paper.baselines.request_level import RequestLevelBatching, request_level_scheduler
 
-__all__ = ["BuddyAllocator", "ContiguousBlockManager", "RequestLevelScheduler", "reservation"]
+__all__ = ["BuddyAllocator", "ContiguousBlockManager", "RequestLevelBatching", "request_level_scheduler",
+           "reservation"]

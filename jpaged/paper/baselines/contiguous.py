@@ -76,6 +76,11 @@ class ContiguousBlockManager:
         """Blocks that can hold tokens (all but block 0)."""
         return self.num_blocks - 1
 
+    @property
+    def num_events(self) -> int:
+        """Block events so far: sequences taking or giving up their regions' rows."""
+        return self.rows.num_changes
+
     def region(self, seq_id: int) -> tuple[int, int]:
         """(first block id, number of blocks) of the sequence's whole reserved region."""
         row = self.rows.row_of(seq_id)

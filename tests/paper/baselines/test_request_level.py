@@ -4,7 +4,7 @@ as large as max-length reservations allow, and requests arriving meanwhile wait.
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.core.sequence import SamplingParams
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
-from jpaged.paper.baselines.request_level import RequestLevelScheduler
+from jpaged.paper.baselines.request_level import RequestLevelBatching
 from jpaged.paper.systems import build_engine
 
 
@@ -36,7 +36,7 @@ def serve(eng, requests):
 
 def test_default_memory_manager_reserves_max_length():
     eng = engine()
-    assert isinstance(eng.scheduler, RequestLevelScheduler)
+    assert isinstance(eng.scheduler.batching, RequestLevelBatching)
     bm = eng.scheduler.block_manager
     assert isinstance(bm, ContiguousBlockManager) and bm.policy == "max"
 
