@@ -10,5 +10,7 @@ writes its results atomically with their provenance.
   benchmarks), peers/ (against other systems), lm/ (training the models in assets/), report/
   (results/REPORT.md, reproduce_all, figure_moves).
 - Shared: common.py (command line, provenance, JSON results), serving.py (the figures' sweeps and
-  meters), plots.py (the figures' colors and curves).
+  meters), plots.py (the figures' colors and curves), markdown.py (what every REPORT.md section
+  shares). The figures and groups import these, report/ imports the figures' sections, and nothing
+  outside report/ imports report/.
 """

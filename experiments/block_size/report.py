@@ -3,7 +3,7 @@ heading that kernel_bench's section opens."""
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, finished, not_run
+from experiments.markdown import Figures, command, finished, not_run
 
 PAPER_BEST = {"sharegpt": (16, 128), "alpaca": (16, 32)}  # block sizes that work best (§7.2, our reading)
 

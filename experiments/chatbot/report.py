@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.report.markdown import ORCAS, Figures, command, finished, not_run, rate_cell
+from experiments.markdown import ORCAS, Figures, command, finished, not_run, rate_cell
 from jpaged.paper.systems import LABELS
 
 

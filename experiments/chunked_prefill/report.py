@@ -3,7 +3,7 @@ sustained rate and capacity under an ITL SLO)."""
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, finished, not_run, rate_cell
+from experiments.markdown import Figures, command, finished, not_run, rate_cell
 
 
 def _crossing(points: list[dict], key: str, threshold: float) -> tuple[float, str | None]:

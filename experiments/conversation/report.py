@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, finished, not_run, rate_cell
+from experiments.markdown import Figures, command, finished, not_run, rate_cell
 
 # What the systems after the paper report for a host tier (pages read 2026-12-03).
 LITERATURE = (

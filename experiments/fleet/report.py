@@ -4,7 +4,7 @@ replica whose tensor-parallel group spans servers pays per step."""
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, finished, not_run, rate_cell
+from experiments.markdown import Figures, command, finished, not_run, rate_cell
 
 POLICY = {"round_robin": "round-robin", "cache_aware": "cache-aware"}
 WORKLOAD = {"shared_prefix": "shared prefixes", "multi_turn": "multi-turn"}

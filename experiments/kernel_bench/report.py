@@ -3,7 +3,7 @@ kernel. It opens the Fig. 18 heading; block_size's section (Fig. 18b) follows un
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, not_run
+from experiments.markdown import Figures, command, not_run
 
 
 def kernel_bench(results: dict, figures: Figures) -> str:

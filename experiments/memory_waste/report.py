@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, against, command, not_run
+from experiments.markdown import Figures, against, command, not_run
 from jpaged.paper.systems import LABELS
 
 

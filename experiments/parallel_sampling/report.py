@@ -3,7 +3,7 @@ sharing saves, with how the recorded and synthetic beam searches branch."""
 
 from __future__ import annotations
 
-from experiments.report.markdown import ORCAS, Figures, against, command, finished, not_run, rate_cell
+from experiments.markdown import ORCAS, Figures, against, command, finished, not_run, rate_cell
 
 SERIES = {"parallel": "parallel sampling", "beam_synthetic": "beam search, synthetic branching",
           "beam_recorded": "beam search, recorded branching"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, finished, not_run
+from experiments.markdown import Figures, command, finished, not_run
 
 
 def preemption(results: dict, figures: Figures) -> str:

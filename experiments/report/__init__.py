@@ -5,6 +5,6 @@ every experiment run in order, and which figures moved between commits.
     python -m experiments.report.reproduce_all     # run every experiment, then rewrite the report
     python -m experiments.report.figure_moves --config configs/figure_moves.yaml
 
-Nothing is imported here, so a figure's section (experiments/<name>/report.py) can import
-markdown.py's helpers while document.py imports the sections.
+document.py imports every figure's section (experiments/<name>/report.py); the sections import
+only the shared experiments/markdown.py, never this package, so the imports run one way.
 """

@@ -5,7 +5,7 @@ claim, the command that made them, and a sentence on where ours agrees or differ
 section whose JSON is missing says so and how to make it. This module holds the report's order, its
 opening and its provenance table; a figure's section lives beside its experiment
 (experiments/<name>/report.py), the engine's in engine.py, the moved figures' in
-figure_moves_report.py, and what they share in markdown.py.
+figure_moves_report.py, and what they share in experiments/markdown.py.
 
     python -m experiments.report [--results DIR]     # rewrite DIR/REPORT.md (default results/)
 """
@@ -29,7 +29,7 @@ from experiments.parallel_sampling.report import parallel_sampling
 from experiments.preemption.report import preemption
 from experiments.report.engine import host_and_real_engine, real_executor, serving_against_vllm
 from experiments.report.figure_moves_report import figure_moves
-from experiments.report.markdown import PAPER, Figures
+from experiments.markdown import PAPER, Figures
 from experiments.shared_prefix.report import shared_prefix
 from experiments.sim_validation.report import sim_validation
 from experiments.throughput.report import throughput

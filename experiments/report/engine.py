@@ -6,7 +6,7 @@ driven by vLLM's own benchmark client."""
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, not_run
+from experiments.markdown import Figures, command, not_run
 
 
 def real_executor(results: dict, figures: Figures) -> str:

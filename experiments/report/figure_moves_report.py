@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from experiments.report.markdown import Figures, command, not_run
+from experiments.markdown import Figures, command, not_run
 
 
 def _span(values) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from experiments.report.markdown import Figures, command, finished, not_run, rate_cell
+from experiments.markdown import Figures, command, finished, not_run, rate_cell
 
 
 def shared_prefix(results: dict, figures: Figures) -> str:

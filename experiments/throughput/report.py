@@ -3,7 +3,7 @@ against the paper's Fig. 13, the batch limits per panel, and FasterTransformer's
 
 from __future__ import annotations
 
-from experiments.report.markdown import ORCAS, Figures, against, finished, rate_cell
+from experiments.markdown import ORCAS, Figures, against, finished, rate_cell
 from experiments.throughput import sustained_rates
 from jpaged.paper.systems import LABELS
 

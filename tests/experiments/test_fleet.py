@@ -8,7 +8,7 @@ import pytest
 from experiments import fleet
 from experiments.fleet import Deployment, FleetConfig, MultiTurnWorkload, SharedPrefixWorkload
 from experiments.fleet.report import fleet_section
-from experiments.report.markdown import Figures
+from experiments.markdown import Figures
 from jpaged.config import CacheConfig, SchedulerConfig, config_from_dict
 
 RATES = {"shared_prefix": [5.0, 100.0], "multi_turn": [2.0, 40.0]}

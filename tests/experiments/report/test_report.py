@@ -60,7 +60,7 @@ def test_report_numbers_come_from_the_results(tmp_path):
 
 
 def test_against_places_each_value():
-    from experiments.report.markdown import against
+    from experiments.markdown import against
 
     assert against({"a": 1.8, "b": 1.2, "c": 3.0}, 1.7, 2.7, "{:.2f}") == \
         "1 of 3 within 1.70–2.70 (a 1.80); below: b 1.20; above: c 3.00"

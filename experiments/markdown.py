@@ -3,7 +3,9 @@ figures beside the report, experiment commands, and the phrases that place our n
 paper's. A section is a function (every loaded result: file stem -> JSON, and the report's
 `Figures`) -> markdown; numbers are read from the results, the prose says why they differ. Each
 figure's section lives beside its experiment (experiments/<name>/report.py); the report's order is
-experiments/report/document.py's."""
+experiments/report/document.py's. This module sits beside common.py, not in experiments/report/, so
+the sections import it and the report imports the sections: one way (checked by
+tests/experiments/test_experiments_layout.py)."""
 
 from __future__ import annotations
 
