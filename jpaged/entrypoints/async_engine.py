@@ -1,10 +1,11 @@
 """AsyncLLMEngine: an asyncio front end over the engine's step loop.
 
-One background thread owns the LLMEngine (which is not thread-safe) and the OutputProcessor: it
-takes commands (add, abort) from a queue between steps, steps while any request is unfinished,
-ends samples at stop strings before the next step, and hands each step's outputs to the event
-loop in one `call_soon_threadsafe`. The thread sleeps on the queue while the engine is idle. The
-model's compute releases the GIL, so the event loop (HTTP) runs while a step computes.
+One background thread owns the LLMEngine (which is not thread-safe) and the OutputProcessor, through
+the text request path `LLM` uses too (`jpaged.text.requests.TextRequests`): it takes commands (add,
+abort) from a queue between steps, steps while any request is unfinished, ends samples at stop
+strings before the next step, and hands each step's outputs to the event loop in one
+`call_soon_threadsafe`. The thread sleeps on the queue while the engine is idle. The model's
+compute releases the GIL, so the event loop (HTTP) runs while a step computes.
 
 Each request is an async iterator of incremental outputs. When its consumer falls behind, the
 outputs waiting for it merge (deltas concatenate; cumulative and final outputs replace), as in
@@ -27,7 +28,8 @@ from jpaged.core.outputs import RequestOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
 from jpaged.entrypoints.engine_args import load_engine
-from jpaged.text.output_processor import OutputProcessor, engine_params, prompt_ids
+from jpaged.text.output_processor import prompt_ids
+from jpaged.text.requests import TextRequest, TextRequests
 from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -93,11 +95,7 @@ class _Collector:
 
 @dataclasses.dataclass
 class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    prompt: str | None
-    params: SamplingParams
-    cache_salt: str | None  # prefix-cache namespace (requests with different salts never share blocks)
+    request: TextRequest
     done: asyncio.Future  # resolved on the event loop: None, or the add_request error
 
 
@@ -140,7 +138,7 @@ class AsyncLLMEngine:
         """`stream_interval`: report streams every that many engine steps (see OutputProcessor)."""
         self.engine = engine
         self.tokenizer = tokenizer
-        self._processor = OutputProcessor(engine, tokenizer, stream_interval)
+        self._requests = TextRequests(engine, tokenizer, stream_interval)  # used by the step loop only
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._collectors: dict[str, _Collector] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,11 +150,6 @@ class AsyncLLMEngine:
     def from_model(cls, model: str, stream_interval: int = 1, **kwargs: Any) -> AsyncLLMEngine:
         """Builds the engine as `jpaged.LLM` does (model, config=, tokenizer=, engine arguments)."""
         return cls(*load_engine(model, **kwargs), stream_interval=stream_interval)
-
-    @property
-    def is_running(self) -> bool:
-        """True while the step loop runs (False before the first request, after shutdown or an error)."""
-        return self._thread is not None and self._thread.is_alive()
 
     @property
     def is_dead(self) -> bool:
@@ -218,7 +211,7 @@ class AsyncLLMEngine:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         collector = self._collectors[request_id] = _Collector(params.output_kind)
         done = self._loop.create_future()
-        self._commands.put(_Add(request_id, ids, text, params, cache_salt, done))
+        self._commands.put(_Add(TextRequest(request_id, ids, params, text, cache_salt), done))
         try:
             await done
         except BaseException:
@@ -261,11 +254,11 @@ class AsyncLLMEngine:
     # ------------------------------------------------------------------ the step loop (its thread)
 
     def _run(self) -> None:
-        engine, processor = self.engine, self._processor
+        requests = self._requests
         try:
             while True:
                 # Idle: sleep until a command arrives; busy: take what is queued, then step.
-                block = not engine.has_unfinished()
+                block = not requests.has_unfinished()
                 while True:
                     try:
                         command = self._commands.get(block=block)
@@ -275,9 +268,9 @@ class AsyncLLMEngine:
                         return
                     self._apply(command)
                     block = False
-                if not engine.has_unfinished():
+                if not requests.has_unfinished():
                     continue
-                outputs = processor.process(engine.step())
+                outputs = requests.step()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as exc:  # the engine is broken: every request learns why
@@ -296,23 +289,14 @@ class AsyncLLMEngine:
         if isinstance(command, _Add):
             error = None
             try:
-                self._processor.add_request(command.request_id, command.prompt_ids, command.params, command.prompt)
-                try:
-                    self.engine.add_request(command.request_id, command.prompt_ids,
-                                            engine_params(command.params, self._processor.tokenizer),
-                                            cache_salt=command.cache_salt)
-                except BaseException:
-                    self._processor.abort(command.request_id)
-                    raise
+                self._requests.add(command.request)
             except Exception as exc:  # the request's own problem (ValueError / TypeError naming the field)
                 error = exc
             self._loop.call_soon_threadsafe(_resolve, command.done, error)
             return
         _, request_id = command
-        try:  # its final output (finish reason "abort") comes with the next step, through the processor
-            self.engine.abort(request_id)
-        except KeyError:  # finished already (or never added): nothing to stop
-            pass
+        # Its final output (finish reason "abort") comes with the next step; finished already: nothing to stop.
+        self._requests.abort(request_id)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """On the event loop: each output to its request's collector."""

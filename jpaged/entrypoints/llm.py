@@ -26,7 +26,8 @@ from jpaged.core.outputs import RequestOutput
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.engine_args import load_engine
 from jpaged.executors.warmup import compile_grid, enable_compilation_cache
-from jpaged.text.output_processor import OutputProcessor, engine_params, prompt_ids
+from jpaged.text.output_processor import prompt_ids
+from jpaged.text.requests import TextRequest, TextRequests
 from jpaged.text.tokenizer import Tokenizer
 
 PromptLike = str | Sequence[int]
@@ -60,7 +61,7 @@ class LLM:
         enable_compilation_cache()  # before the engine compiles anything
         self.engine, self.tokenizer = load_engine(model, config, tokenizer, **engine_args)
         self.warmup_report = compile_grid(self.engine.executor, self.engine.config) if warmup else None
-        self._processor = OutputProcessor(self.engine, self.tokenizer)
+        self._requests = TextRequests(self.engine, self.tokenizer)
         self._num_requests = 0
 
     def pin_prefix(self, prefix: PromptLike) -> int:
@@ -96,23 +97,8 @@ class LLM:
         ids = [f"llm-{self._num_requests + i}" for i in range(len(items))]
         self._num_requests += len(items)
         finals = [p if p.output_kind == "final" else dataclasses.replace(p, output_kind="final") for p in params]
-        for i, (request_id, (token_ids, _), p) in enumerate(zip(ids, encoded, finals)):
-            self.engine.check_request(request_id, token_ids, engine_params(p, self.tokenizer),
-                                      prompt_field=f"prompts[{i}]", params_field=f"sampling_params[{i}]")
-        queued: list[str] = []
-        try:
-            for request_id, (token_ids, text), final in zip(ids, encoded, finals):
-                self._processor.add_request(request_id, token_ids, final, prompt=text)
-                queued.append(request_id)
-                self.engine.add_request(request_id, token_ids, engine_params(final, self.tokenizer))
-        except Exception:
-            for request_id in queued:  # leave nothing behind: the engine reports them aborted, unread
-                self._processor.abort(request_id)
-                try:
-                    self.engine.abort(request_id)
-                except KeyError:  # add_request refused it
-                    pass
-            raise
+        self._requests.add_all([TextRequest(request_id, token_ids, final, prompt=text)
+                                for request_id, (token_ids, text), final in zip(ids, encoded, finals)])
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
@@ -131,15 +117,14 @@ class LLM:
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Steps the engine until every request of `ids` finished; stop strings end samples between steps."""
-        engine, processor = self.engine, self._processor
+        requests = self._requests
         results: dict[str, RequestOutput] = {}
         wanted = set(ids)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         start = time.perf_counter()
         num_tokens = 0
-        while len(results) < len(ids) and engine.has_unfinished():
-            outputs = processor.process(engine.step())
-            for out in outputs:
+        while len(results) < len(ids) and requests.has_unfinished():
+            for out in requests.step():
                 if out.finished and out.request_id in wanted:
                     results[out.request_id] = out
                     num_tokens += sum(len(c.token_ids) for c in out.outputs)
