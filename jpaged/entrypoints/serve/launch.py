@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     state = ServerState(engine, warm_up=warm_up,
                         shutdown_timeout=args.shutdown_timeout)
     app = build_app(engine, name, state, stream_interval=args.stream_interval, exposure=exposure)
-    log.info("serving %s (max_model_len %d) on %s://%s:%d%s%s", name, engine.engine.config.scheduler.max_model_len,
-             exposure.scheme, args.host, args.port, exposure.root_path,
+    log.info("serving %s (max_model_len %d) on %s://%s:%d%s", name, engine.engine.config.scheduler.max_model_len,
+             exposure.scheme, args.host, args.port,
              f"; {len(exposure.api_keys)} API key(s) required outside /health, /metrics, /version"
              if exposure.api_keys else "")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
