@@ -21,6 +21,7 @@ import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.app import build_app
+from jpaged.entrypoints.serve.security import Exposure
 from jpaged.entrypoints.serve.state import ServerState, warm_up_grid, warm_up_smallest_steps
 from jpaged.executors.warmup import enable_compilation_cache
 
@@ -54,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.shutdown_timeout >= 0:
         print(f"jpaged serve: --shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}", file=sys.stderr)
         return 2
+    try:
+        exposure = Exposure.from_args(args)  # keys, TLS, CORS, limits: refused before the engine is built
+    except ValueError as exc:
+        print(f"jpaged serve: {exc}", file=sys.stderr)
+        return 2
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
     enable_compilation_cache()  # before the engine compiles anything
     try:
@@ -78,12 +84,15 @@ def run(args: argparse.Namespace) -> int:
     warm_up = {"grid": warm_up_grid, "smallest": warm_up_smallest_steps, "none": None}[warmup]
     state = ServerState(engine, warm_up=warm_up,
                         shutdown_timeout=args.shutdown_timeout)
-    app = build_app(engine, name, state, stream_interval=args.stream_interval)
-    log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,
-             args.host, args.port)
+    app = build_app(engine, name, state, stream_interval=args.stream_interval, exposure=exposure)
+    log.info("serving %s (max_model_len %d) on %s://%s:%d%s", name, engine.engine.config.scheduler.max_model_len,
+             exposure.scheme, args.host, args.port,
+             f"; {len(exposure.api_keys)} API key(s) required outside /health, /metrics, /version"
+             if exposure.api_keys else "")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             access_log=not args.disable_access_log,
-                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S)
+                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
+                            **exposure.uvicorn_options())
     # uvicorn re-raises the stop signal once its graceful shutdown is done: these handlers (restored
     # by uvicorn before it re-raises) turn that into a normal exit with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
