@@ -1,10 +1,10 @@
 """The plan channel: a TCP connection from process 0 to each follower, beside jax.distributed.
 
-Process 0 (`PlanServer`) listens; each follower (`PlanClient`) connects, says who it is and sends its
-engine config; process 0 compares every field with its own and refuses a follower whose config
-differs, naming the field. Then, for every step, process 0 sends the encoded StepPlan
-(jpaged.executors.plan_wire) to every follower, in order, and each follower answers with an ack once
-it ran the step. Followers also send a heartbeat every `timeout / 4` seconds from a thread of their own.
+Process 0 (`PlanServer`) listens; each follower (`PlanClient`) connects, proves it holds the run's
+secret (Authentication, below), says who it is and sends its engine config; process 0 compares
+every field with its own and refuses a follower whose config differs, naming the field. Then, for
+every step, process 0 sends the encoded StepPlan (jpaged.executors.plan_wire) to every follower, in
+order, and each follower answers with an ack once it ran the step. Followers also send a heartbeat every `timeout / 4` seconds from a thread of their own.
 
 Why a socket and not a JAX collective (docs/notes/parallel.md has the per-step costs): a plan
 changes size every step, so a collective broadcast needs its length first and a padded buffer after
