@@ -51,6 +51,9 @@ def _serve_parser(sub) -> None:
     hosts.add_argument("--process-id", type=int, default=0, help="this process's rank in [0, --num-processes)")
     hosts.add_argument("--plan-port", type=int,
                        help="port of process 0's plan channel (default: the coordinator's port + 1)")
+    hosts.add_argument("--plan-secret-file", help="file holding the plan channel's shared secret, the same on every "
+                                                  "process, at least 16 bytes (default: $JPAGED_PLAN_SECRET; required "
+                                                  "with --num-processes > 1)")
     hosts.add_argument("--follower-timeout", type=float, default=60.0,
                        help="seconds a follower may stay silent or leave a step unfinished before process 0 "
                             "fails its requests and reports unhealthy")
