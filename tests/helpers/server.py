@@ -56,6 +56,20 @@ class Server:
         return self.process.returncode
 
 
+def start_server(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+    """Starts `python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` (SERVE_ARGS, then
+    `extra`) on a free port, its output logged under `tmp_path`, with `env` (default: this
+    process's) on the CPU; returns at once."""
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
+               "--port", str(port), *SERVE_ARGS, *extra]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**(os.environ if env is None else env), "JAX_PLATFORMS": "cpu"})
+    return Server(process, port, log_path)
+
+
 @contextlib.contextmanager
 def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
                    on_starting: Callable[[Server], Any] | None = None) -> Iterator[Server]:
@@ -64,14 +78,8 @@ def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
     `on_starting(server)` runs once, as soon as /health first answers 503 (the server listens
     but is warming up); its result is kept as `server.starting_result`.
     """
-    port = free_port()
-    log_path = tmp_path / f"server-{port}.log"
-    command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
-               "--port", str(port), *SERVE_ARGS, *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = Server(process, port, log_path)
+    server = start_server(tmp_path, *extra)
+    process = server.process
     try:
         deadline = time.monotonic() + timeout
         while True:
