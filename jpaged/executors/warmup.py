@@ -194,17 +194,20 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
     logits: dict[int, jax.Array] = {}  # the logits of the last step compiled per S
     bar = tqdm(total=len(programs), desc="compile", unit="program", disable=not progress)
 
+    done = 0  # programs compiled (the bar counts nothing when disabled)
+
     def next_program(program: Program) -> None:
         if stop is not None and stop.is_set():
             bar.close()
             # logged here: the caller may be gone already (a server's shutdown cancels its wait)
-            log.info("warm-up stopped after %d of %d programs", bar.n, len(programs))
-            raise WarmUpStopped(f"warm-up stopped after {bar.n} of {len(programs)} programs")
+            log.info("warm-up stopped after %d of %d programs", done, len(programs))
+            raise WarmUpStopped(f"warm-up stopped after {done} of {len(programs)} programs")
         bar.set_postfix_str(_describe(program), refresh=False)
 
     for step in steps:
         next_program(step)
         logits[step.num_seqs] = executor.run_model(_padding_plan(step))
+        done += 1
         bar.update()
     seen: set[SamplerProgram] = set()
     for size, batch in sampler_batches(config, sorted(logits), vocab):
@@ -213,10 +216,12 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
             next_program(new[0])
             executor.sample(logits[size], batch)
             seen.update(new)
+            done += len(new)
             bar.update(len(new))
     for op in ops:
         next_program(op)
         executor.execute(_block_plan(op))
+        done += 1
         bar.update()
     jax.block_until_ready(executor.kv_pool)
     bar.close()
