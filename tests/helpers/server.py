@@ -59,6 +59,21 @@ class Server:
         return self.process.returncode
 
 
+def start_server(tmp_path: Path, *extra: str, env: Mapping[str, str] | None = None,
+                 verify: ssl.SSLContext | None = None) -> Server:
+    """Starts `python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` (SERVE_ARGS, then
+    `extra`) on a free port, its output logged under `tmp_path`, on the CPU, with `env` added to
+    this process's environment (`verify`: see `running_server`); returns at once."""
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
+               "--port", str(port), *SERVE_ARGS, *extra]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+    return Server(process, port, log_path, verify)
+
+
 @contextlib.contextmanager
 def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
                    on_starting: Callable[[Server], Any] | None = None, env: Mapping[str, str] | None = None,
@@ -70,14 +85,8 @@ def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
     process's environment; `verify`: for a server started with TLS flags, a context trusting its
     certificate (the URLs are then https).
     """
-    port = free_port()
-    log_path = tmp_path / f"server-{port}.log"
-    command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
-               "--port", str(port), *SERVE_ARGS, *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = Server(process, port, log_path, verify)
+    server = start_server(tmp_path, *extra, env=env, verify=verify)
+    process = server.process
     try:
         deadline = time.monotonic() + timeout
         while True:

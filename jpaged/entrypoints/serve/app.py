@@ -31,6 +31,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, RequestAborted
 from jpaged.entrypoints.serve import tokenize
@@ -101,6 +102,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestAborted)  # the server shut down before the answer was complete
     async def _dead(_: Request, exc: RuntimeError) -> JSONResponse:
         return error_response(RequestError(str(exc), None, 503, "service_unavailable"))
+
+    @app.exception_handler(ClientDisconnect)  # the client left before its whole body came: nobody to answer
+    async def _gone(request: Request, _: ClientDisconnect) -> Response:
+        log.info("%s %s: the client disconnected before sending its whole body", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)  # no such route (404), wrong method (405), ...
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
