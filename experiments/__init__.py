@@ -10,5 +10,6 @@ writes its results atomically with their provenance.
   benchmarks), peers/ (against other systems), lm/ (training the models in assets/), report/
   (results/REPORT.md, reproduce_all, figure_moves).
 - Shared: common.py (command line, provenance, JSON results), serving.py (the figures' sweeps and
-  meters), plots.py (the figures' colors and curves).
+  meters), plots.py (the figures' colors and curves), paged_batch.py (plans from explicit contexts
+  and block tables, scattered tables, greedy generation through the model runner without the engine).
 """
