@@ -46,11 +46,6 @@ def init_kv_pool(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any =
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def kv_pool_bytes(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any = jnp.float32) -> int:
-    """Bytes the pool of `num_blocks` blocks occupies (K and V together)."""
-    return num_blocks * block_size * spec.kv_bytes_per_token(dtype)
-
-
 def device_memory_bytes(device: jax.Device | None = None) -> int:
     """Memory the allocator may use on `device` (default: this process's first device), from its memory
     stats (a multi-host run's `jax.devices()[0]` may belong to another process, whose stats raise)."""
