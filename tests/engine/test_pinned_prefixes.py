@@ -122,9 +122,10 @@ def _load(**kwargs):
                        block_size=BS, num_blocks=14, max_model_len=64, **kwargs)
 
 
-@pytest.mark.parametrize("value, word", [("ab", "str"), (5, "int"), ([1, 2, 3], "int")])
-def test_pinned_prefixes_must_be_a_list_of_prefixes(value, word):
-    with pytest.raises(TypeError, match=rf"pinned_prefixes: .*{word}"):
+@pytest.mark.parametrize("value, words", [("ab", r"got str 'ab'; .* pass \['ab'\]"), (5, "got int 5$"),
+                                          ([1, 2, 3], r"got list .* pass \[\[1, 2, 3\]\]")])
+def test_pinned_prefixes_must_be_a_list_of_prefixes(value, words):
+    with pytest.raises(TypeError, match=rf"pinned_prefixes: must be a list of prefixes .*{words}"):
         _load(pinned_prefixes=value)
 
 
