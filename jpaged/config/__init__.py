@@ -48,7 +48,8 @@ class CacheConfig:
 
     block_size: int = 16  # tokens per KV block (paper default 16)
     num_blocks: int = 984  # device blocks incl. reserved block 0 (OPT-13B/A100-40GB: 15,728 slots / 16 + 1)
-    num_host_blocks: int = 984  # host (CPU) swap blocks; 0 disables swap; paper: <= device blocks
+    # Host (CPU) swap blocks; 0 disables swap (swap-outs take no host-tier block either); paper: <= device blocks
+    num_host_blocks: int = 984
     watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
     enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
     # Host blocks added to the host pool for the prefix cache's second tier: evicted cached blocks

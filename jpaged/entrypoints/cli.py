@@ -27,7 +27,7 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--max-model-len", type=int)
     engine.add_argument("--block-size", type=int)
     engine.add_argument("--num-blocks", type=int, help="device KV blocks (block 0 is reserved)")
-    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks")
+    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks (0: no swap)")
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
     engine.add_argument("--enable-prefix-caching", action="store_true", default=None)
