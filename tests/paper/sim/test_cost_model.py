@@ -168,8 +168,8 @@ def test_breakdown_sums_to_step_time():
 def test_step_cost_is_microseconds():
     model, context = CostModel(OPT13B, A100), np.full(64, 300, np.int32)
     mixed_q = np.array([1] * 63 + [128], np.int32)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: wall time on a shared machine measures its load
     for _ in range(10_000):
         model.decode_time(context)
         model.step_time(mixed_q, context)
-    assert (time.perf_counter() - start) / 20_000 < 40e-6  # ~5 us here; loose for shared CPUs
+    assert (time.process_time() - start) / 20_000 < 40e-6  # ~5 us here; loose for shared CPUs
