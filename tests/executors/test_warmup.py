@@ -67,7 +67,7 @@ def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], li
 
 def test_grid_covers_mixed_load_without_compiling():
     engine, _ = load_engine("tiny-llama", **SMALL)
-    programs = warmup.grid(engine.config, engine.vocab_size)
+    programs = warmup.grid(engine.config)
     report = warmup.compile_grid(engine.executor, engine.config, progress=False)
     # Every program of the grid counted once: the executor's keys are the grid's.
     assert report["num_compilations"] == report["num_programs"] == len(programs)
