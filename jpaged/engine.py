@@ -99,7 +99,8 @@ class LLMEngine:
         name the arguments as the caller's user knows them."""
         return request_checks.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
                              scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
-                             vocab_size=self.vocab_size, in_use=self._groups, **fields)
+                             vocab_size=self.vocab_size, in_use=self._groups, eos_token_ids=self.eos_token_ids,
+                             **fields)
 
     def _queue(self, request: CheckedRequest) -> None:
         """Hands a checked request to the scheduler."""

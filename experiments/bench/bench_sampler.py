@@ -4,7 +4,8 @@
 
 Each path of jpaged.executors.sampling (greedy; temperature alone; min_p; top-p by bisection;
 top-k among candidates, with top-p; top-k above the candidate limit; the controls) samples R
-rows of random logits over the asset model's vocabulary. Every path compiles once, then the
+rows of random logits over the asset model's vocabulary, with the per-row data at the widths an
+engine of `max_model_len` gives (one program per batch size serves every path). Then the
 paths run interleaved `rounds` times, `calls` calls each; the median wall time and the mean CPU
 time per call are reported. Saved to results/bench_sampler.json.
 """
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from jpaged.core.step_plan import SampleRows
-from jpaged.executors.sampling import sample
+from jpaged.executors.sampling import SamplerWidths, sample, sampler_widths
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class BenchSamplerConfig:
     """The vocabulary, the batch sizes and the sampling settings of each path."""
 
     vocab_size: int = 4096  # assets/stdlib-lm's
+    max_model_len: int = 2048  # with the largest batch size as max_num_seqs: the sampler's fixed widths
     batch_sizes: tuple[int, ...] = (8, 64, 256)
     # path name -> SamplingParams fields of every row (a seed and a 200-token history are added)
     paths: dict[str, dict[str, Any]] = dataclasses.field(default_factory=lambda: {
@@ -62,13 +64,14 @@ def sample_rows(num_rows: int, fields: dict[str, Any], rng: np.random.Generator,
                       is_plain=True, first_token_groups=[])
 
 
-def time_calls(logits, rows: SampleRows, calls: int) -> tuple[float, float]:
-    """(median wall ms, mean CPU ms) per call of `sample`, the host's batch arrays built each call."""
+def time_calls(logits, rows: SampleRows, calls: int, widths: SamplerWidths) -> tuple[float, float]:
+    """(median wall ms, mean CPU ms) per call of `sample` at an engine's `widths`, the host's batch
+    arrays built each call."""
     wall, cpu = [], []
     for _ in range(calls):
         rows.__dict__.pop("batch", None)  # SampleRows.batch is cached: a step builds it once
         start, start_cpu = time.perf_counter(), time.process_time()
-        sample(logits, rows.batch)
+        sample(logits, rows.batch, widths)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return 1e3 * statistics.median(wall), 1e3 * statistics.fmean(cpu)
@@ -77,17 +80,18 @@ def time_calls(logits, rows: SampleRows, calls: int) -> tuple[float, float]:
 def run(config: BenchSamplerConfig) -> dict:
     """Times every path at every batch size; returns and writes {"results": [...], ...}."""
     rng = np.random.default_rng(config.seed)
+    widths = sampler_widths(config.max_model_len, max(config.batch_sizes), config.vocab_size)
     cases = []
     for size in config.batch_sizes:
         logits = jax.device_put(rng.normal(size=(size, config.vocab_size)).astype(np.float32) * 3)
         for name, fields in config.paths.items():
             rows = sample_rows(size, fields, rng, config.vocab_size)
-            time_calls(logits, rows, 2)  # compiles
+            time_calls(logits, rows, 2, widths)  # compiles (once per batch size: one program serves every path)
             cases.append((size, name, logits, rows))
     times: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for _ in tqdm(range(config.rounds), desc="rounds"):
         for size, name, logits, rows in cases:
-            times.setdefault((size, name), []).append(time_calls(logits, rows, config.calls))
+            times.setdefault((size, name), []).append(time_calls(logits, rows, config.calls, widths))
     results = []
     for (size, name), values in times.items():
         results.append({"rows": size, "path": name, "wall_ms": statistics.median(w for w, _ in values),

@@ -62,16 +62,6 @@ def pair_bucket(num_pairs: int) -> int:
     return bucket(num_pairs, minimum=4)
 
 
-def control_width(width: int) -> int:
-    """The width a sampling control's id list is padded to on device (penalty history, logit_bias,
-    banned ids): 8, 32, 128, ... (x4). Padding ids are dropped by the scatters, so the width changes
-    no result, and a coarse ladder keeps the sampler's variants few."""
-    padded = 8
-    while padded < width:
-        padded *= 4
-    return padded
-
-
 def padded_sizes(pad, low: int, high: int) -> list[tuple[int, int]]:
     """(smallest n, pad(n)) for each distinct value of `pad` over n in [low, high]; `pad` is
     non-decreasing with pad(n) >= n, so the next value starts at pad(n) + 1."""

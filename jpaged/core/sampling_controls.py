@@ -43,6 +43,12 @@ def list_width(n: int, minimum: int = 8) -> int:
     return max(minimum, 1 << max(0, n - 1).bit_length())
 
 
+def history_width(max_model_len: int) -> int:
+    """The widest penalty history a row can have under `max_model_len` (prompt and output), as
+    `build_controls` pads it: the sampler's fixed history width."""
+    return list_width(max_model_len, 64)
+
+
 def _padded(rows: list[np.ndarray | list], dtype, fill, width: int) -> np.ndarray:
     """[len(rows), width] with row i's entries first, `fill` after."""
     out = np.full((len(rows), width), fill, dtype)

@@ -37,6 +37,10 @@ MAX_LOGPROBS = 20  # most top log-probabilities per token a request may ask for 
 # config allows (2**24 ** 10 = 2**240); useful values are 0.5-2.
 MAX_LENGTH_PENALTY = 10.0
 MAX_LOGIT_BIAS = 100.0  # |logit_bias| values, as OpenAI documents them (vLLM clamps to the same range)
+# The sampler's fixed per-row list widths (jpaged.executors.logits_controls.ControlWidths): one
+# compiled program serves every request, so wider lists are refused at the door.
+MAX_LOGIT_BIAS_IDS = 256  # logit_bias entries per request
+MAX_BANNED_IDS = 256  # ids banned in one step: one per bad word, and min_tokens' stop ids and EOS ids
 
 # SamplingParams field -> its check (type and range; returns the value as a plain Python type).
 # The bounds are the device's: top_k is int32, seeds uint32, temperature float32.
@@ -103,6 +107,8 @@ def _logit_bias(field: str, value) -> dict[int, float] | None:
         return None
     if not isinstance(value, Mapping):
         raise TypeError(f"{field}: must be a dict of token id -> bias, got {type(value).__name__} {show(value)}")
+    if len(value) > MAX_LOGIT_BIAS_IDS:
+        raise ValueError(f"{field}: at most {MAX_LOGIT_BIAS_IDS} entries, got {len(value)}")
     bias = {check_int(f"{field} key", token, 0, INT32_LIMIT, hi_open=True):
             check_float(f"{field}[{token}]", b, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS) for token, b in value.items()}
     return bias or None

@@ -4,8 +4,8 @@ Each row draws from softmax(logits / T) restricted as vLLM restricts it: min_p (
 p_max), then top-k, then top-p over what is left, renormalised. Two exact paths, chosen by each
 row's own top_k so that a row's token never depends on the rest of its batch:
 
-- candidates (0 < top_k <= CANDIDATE_LIMIT): `lax.top_k` over the batch's largest k (a static
-  width, 16 or 64), min_p and top-p over the sorted candidates (top-p mass by a sequential scan,
+- candidates (0 < top_k <= CANDIDATE_LIMIT): `lax.top_k` over the batch's largest k (width 16
+  or 64, chosen at run time), min_p and top-p over the sorted candidates (top-p mass by a sequential scan,
   the same sums at any width), then Gumbel-max whose noise is keyed by token id: the draw is the
   same whatever the width.
 - full vocabulary (every other row): one exp pass, min_p in it; top-k above the limit and top-p
@@ -13,27 +13,20 @@ row's own top_k so that a row's token never depends on the rest of its batch:
   with one uniform per row (block sums of 64 tokens, cumulative over blocks, then within the
   chosen block).
 
+One compiled program serves every mix: each path and pass runs only when some row of the step
+needs it (`lax.cond`, `lax.switch`), decided at run time from the rows' settings.
 Randomness is a pure function of (seed, stream, position) and, for candidates, the token id.
 Per-step costs of each path are in docs/notes/sampling.md.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
 CANDIDATE_LIMIT = 64  # largest top_k sampled among lax.top_k candidates; larger k: full-vocabulary threshold
+CANDIDATE_WIDTHS = (16, CANDIDATE_LIMIT)  # the lax.top_k widths of the candidate path
 _BLOCK = 64  # tokens per block of the inverse-CDF search
-
-
-class DrawMode(NamedTuple):
-    """The static shape of a step's random draw (a compiled variant each)."""
-
-    num_candidates: int  # lax.top_k width for the candidate rows; 0 = no row samples among candidates
-    full_top_k: bool  # some full-vocabulary row has top_k > CANDIDATE_LIMIT
-    full_top_p: bool  # some full-vocabulary row has top_p < 1
 
 
 def row_keys(seed: jax.Array, stream: jax.Array, position: jax.Array) -> jax.Array:
@@ -122,42 +115,56 @@ def _candidates(scaled, top_k, top_p, min_p, keys, width):
     return jnp.take_along_axis(ids, pick[:, None], -1)[:, 0], jnp.take_along_axis(score, pick[:, None], -1)[:, 0] > -jnp.inf
 
 
-def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array,
-         keys: jax.Array, mode: DrawMode) -> tuple[jax.Array, jax.Array]:
-    """Samples i32[R] tokens from logits f32[R, V] (after the controls) under each row's
-    temperature (> 0; other rows' results are garbage), top_k (0 = off, < V), top_p and min_p, with
-    one key per row. Also returns bool[R]: the row had a token with weight (else all were masked)."""
-    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+def _full_vocabulary(scaled, top_k, top_p, min_p, keys, elsewhere):
+    """Tokens i32[R] and whether any had weight, drawn over the whole vocabulary: min_p, top-k
+    above the candidate limit and top-p, each pass run only when some row drawing here asks for it
+    (`lax.cond`; a pass leaves the rows that do not ask alone, so skipping it changes no token).
+    `elsewhere` bool[R]: rows whose token comes from elsewhere (greedy, candidates)."""
     top = jnp.max(scaled, -1, keepdims=True)
     e = jnp.exp(scaled - jnp.where(jnp.isfinite(top), top, 0.0))  # [R, V] relative probabilities
     keep = e >= min_p[:, None]
-    if mode.full_top_k:
-        big_k = top_k > CANDIDATE_LIMIT
+    big_k = top_k > CANDIDATE_LIMIT
+
+    def kth_largest(keep):
         kth = _kth_largest(_ordered(scaled), jnp.where(big_k, top_k, 1))
-        keep &= (_ordered(scaled) >= kth[:, None]) | ~big_k[:, None]
+        return keep & ((_ordered(scaled) >= kth[:, None]) | ~big_k[:, None])
+
+    keep = jax.lax.cond(jnp.any(big_k & ~elsewhere), kth_largest, lambda keep: keep, keep)
     weights = jnp.where(keep, e, 0.0)
-    if mode.full_top_p:
+
+    def top_p_pass(weights):
         floor = _top_p_floor(weights, top_p)
         bits = jax.lax.bitcast_convert_type(weights, jnp.uint32)
-        weights = jnp.where((bits >= floor[:, None]) | (top_p >= 1.0)[:, None], weights, 0.0)
+        return jnp.where((bits >= floor[:, None]) | (top_p >= 1.0)[:, None], weights, 0.0)
+
+    weights = jax.lax.cond(jnp.any(~elsewhere & (top_p < 1.0)), top_p_pass, lambda weights: weights, weights)
     u = jax.vmap(jax.random.uniform)(keys)
-    tokens, ok = inverse_cdf(weights, u), jnp.sum(weights, -1) > 0
-    if mode.num_candidates:
-        small_k = (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
-        picked, picked_ok = _candidates(scaled, top_k, top_p, min_p, keys, mode.num_candidates)
-        tokens, ok = jnp.where(small_k, picked, tokens), jnp.where(small_k, picked_ok, ok)
-    return tokens, ok
+    return inverse_cdf(weights, u), jnp.sum(weights, -1) > 0
 
 
-def draw_mode(temperature, top_k, top_p) -> DrawMode | None:
-    """The DrawMode of a step from its rows' numpy settings (top_k already < V), None when no row
-    is random."""
+def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array,
+         keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Samples i32[R] tokens from logits f32[R, V] (after the controls) under each row's
+    temperature (> 0; other rows' results are garbage), top_k (0 = off, < V), top_p and min_p, with
+    one key per row. Also returns bool[R]: the row had a token with weight (else all were masked).
+
+    One program for every mix of settings: which paths run is decided at run time from the rows'
+    own settings (`lax.cond` / `lax.switch`), never by a compiled variant, and a path leaves the
+    rows that do not need it alone, so a row's token does not depend on what else its step asks."""
+    rows, vocab = logits.shape
     random = temperature > 0
-    if not random.any():
-        return None
-    small = random & (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
-    width = int(top_k[small].max()) if small.any() else 0
-    # Two candidate widths: 16 (lax.top_k(16) costs about half of top_k(64) on XLA:CPU) and the limit.
-    return DrawMode(num_candidates=0 if not width else 16 if width <= 16 else CANDIDATE_LIMIT,
-                    full_top_k=bool((random & (top_k > CANDIDATE_LIMIT)).any()),
-                    full_top_p=bool((random & ~small & (top_p < 1.0)).any()))
+    scaled = logits / jnp.where(random, temperature, 1.0)[:, None]
+    small_k = random & (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
+    no_draw = (jnp.zeros(rows, jnp.int32), jnp.zeros(rows, bool))
+    tokens, ok = jax.lax.cond(jnp.any(random & ~small_k),
+                              lambda: _full_vocabulary(scaled, top_k, top_p, min_p, keys, small_k | ~random),
+                              lambda: no_draw)
+    # Candidate rows: the step's largest such k picks the lax.top_k width, 16 or the limit
+    # (top_k(16) costs about half of top_k(64) on XLA:CPU); the draw is the same at either width.
+    widest = jnp.max(jnp.where(small_k, top_k, 0))
+    branches = [lambda: no_draw] + [
+        (lambda width: lambda: _candidates(scaled, top_k, top_p, min_p, keys, width))(min(width, vocab))
+        for width in CANDIDATE_WIDTHS]
+    index = jnp.where(widest == 0, 0, jnp.where(widest <= CANDIDATE_WIDTHS[0], 1, 2))
+    picked, picked_ok = jax.lax.switch(index, branches)
+    return jnp.where(small_k, picked, tokens), jnp.where(small_k, picked_ok, ok)

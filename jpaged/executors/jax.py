@@ -9,8 +9,8 @@ copies out (the host tier's offloads, then swap-outs; both free device blocks, a
 reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to buckets so block operations do not recompile either. Every program a
-config can need (model steps, sampler variants, block operations) is compiled before serving by
-jpaged.executors.warmup; `num_compilations` counts the distinct ones this executor has run.
+config can need (model steps, the sampler's one program per row count, block operations) is
+compiled before serving by jpaged.executors.warmup; `num_compilations` counts the distinct ones this executor has run.
 
 With `model.tensor_parallel_size > 1` (jpaged.models.parallel) the weights and the pool are split over a
 device mesh by head; block ids are the same on every device. The host swap space of a process holds
@@ -32,7 +32,7 @@ import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.padding import bucket, pair_bucket
+from jpaged.core.padding import pair_bucket
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors import sampling
 from jpaged.executors.base import PendingStep
@@ -127,7 +127,10 @@ class JaxExecutor:
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
-        # The sampler variants and (operation, padded size) block operations this executor has run:
+        # The fixed widths of the sampler's per-row data: one sampler program per row count.
+        self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
+                                                      self.vocab_size)
+        # The sampler programs and (operation, padded size) block operations this executor has run:
         # their jitted functions are shared by every executor of the process, so their own trace
         # counts would mix engines.
         self._programs: set[tuple] = set()
@@ -137,7 +140,7 @@ class JaxExecutor:
     @property
     def num_compilations(self) -> int:
         """Distinct programs run so far: model steps (one per padded shape, counted as traced),
-        sampler variants and block-operation sizes."""
+        sampler programs (one per row count), prompt log-probability shapes and block-operation sizes."""
         return self.runner.num_compilations + len(self._programs)
 
     def now(self) -> float:
@@ -185,11 +188,9 @@ class JaxExecutor:
         prompt_result = None
         if logits is not None and plan.prompt_rows is not None:
             num_seqs = len(plan.context_lens)
-            prompt_result = prompt_logprobs(logits, num_seqs, plan.prompt_rows)
-            k = plan.prompt_rows.num_top  # the jitted call's variant: its shape, offset and top-k bucket
-            self._programs.add(("prompt_logprobs", logits.shape[0], num_seqs, min(bucket(k, minimum=1), self.vocab_size)
-                                if k else 0))
-            logits = logits[:num_seqs]  # [S, V]: what the sampler sees, as without prompt rows
+            self._programs.add(("prompt_logprobs", logits.shape[0], num_seqs))  # one per (S + P', S)
+            # logits [S, V]: what the sampler sees, as without prompt rows
+            prompt_result, logits = prompt_logprobs(logits, num_seqs, plan.prompt_rows)
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and batch is not None:
             sampled = self.sample(logits, batch)
@@ -213,16 +214,13 @@ class JaxExecutor:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
         sampler's. (More rows than S only where a fresh prompt fans out into n samples; each row's
         draw depends on its own settings alone, so splitting changes no token.)"""
-        size, vocab = logits.shape
-        results = []
-        for part in sampling.split_rows(batch, size):
-            for program in sampling.programs_of(part, size, vocab):
-                key = (type(program).__name__, *program)
-                if key not in self._programs and self.warmed_up:
-                    # Outside the start-up grid (jpaged.executors.warmup): a rare control combination.
-                    logger.info("sampler program %s compiles on first use", program)
-                self._programs.add(key)
-            results.append(sampling.sample(logits, part))
+        size = logits.shape[0]
+        program = ("SamplerProgram", *sampling.SamplerProgram(size))
+        if program not in self._programs and self.warmed_up:
+            # Outside the start-up grid (jpaged.executors.warmup): a row count no step shape has.
+            logger.warning("sampler program for %d rows compiles on first use", size)
+        self._programs.add(program)
+        results = [sampling.sample(logits, part, self.sampler_widths) for part in sampling.split_rows(batch, size)]
         if len(results) == 1:
             return results[0]
         fields = [f.name for f in dataclasses.fields(sampling.SampleResult)]

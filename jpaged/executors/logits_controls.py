@@ -4,11 +4,14 @@ In vLLM v1's order (vllm/v1/sample/sampler.py): allowed tokens, banned tokens (b
 min_tokens' stop ids), logit_bias, then the penalties (repetition over prompt and output tokens,
 frequency and presence over output tokens). Each row reads only its own entries of the compact
 arrays the host built (jpaged.core.sampling_controls); padding ids fall outside the vocabulary and
-are dropped by the scatters, so a row's result does not depend on the widths.
+are dropped by the scatters, so a row's result does not depend on the widths. The lists have
+fixed widths (`ControlWidths`, from the engine's limits) and every control is present in every
+step, neutral where unused: the sampler compiles one program whatever the controls.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -16,79 +19,136 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.core.constraints import bitmask_words
-from jpaged.core.padding import control_width
 from jpaged.core.sampling_controls import PAD_ID, SamplingControls
 
 
+class ControlWidths(NamedTuple):
+    """The fixed widths of the controls' per-row id lists: with the row count, their whole shape."""
+
+    history: int  # L: tokens a row's penalties count (prompt and output: `history_width(max_model_len)`)
+    bias: int  # B: logit_bias entries of a row (MAX_LOGIT_BIAS_IDS)
+    banned: int  # N: ids a row may have banned in one step (MAX_BANNED_IDS)
+
+
 class DeviceControls(NamedTuple):
-    """SamplingControls padded to the step's R rows and their lists to `control_width` (None fields: no row uses them; jit compiles
-    each combination of present fields once per shape)."""
+    """SamplingControls of R rows at fixed widths, every field present (neutral where a row has
+    none): one shape for every mix of controls."""
 
-    penalties: np.ndarray | None  # f32[R, 3] presence, frequency, repetition
-    history: np.ndarray | None  # i32[R, L] tokens the penalties see
-    output_start: np.ndarray | None  # i32[R] first output token's index in history
-    bias_ids: np.ndarray | None  # i32[R, B]
-    bias_values: np.ndarray | None  # f32[R, B]
-    banned: np.ndarray | None  # i32[R, N]
-    allowed: np.ndarray | None  # i32[R, ceil(V / 32)] allowed-token bits (-1: every token)
+    penalties: np.ndarray  # f32[R, 3] presence, frequency, repetition (neutral 0, 0, 1)
+    history: np.ndarray  # i32[R, L] tokens the penalties see, PAD_ID after
+    output_start: np.ndarray  # i32[R] first output token's index in history
+    bias_ids: np.ndarray  # i32[R, B], PAD_ID after
+    bias_values: np.ndarray  # f32[R, B]
+    banned: np.ndarray  # i32[R, N], PAD_ID after
+    allowed: np.ndarray  # i32[R, ceil(V / 32)] allowed-token bits (-1: every token)
 
 
-def padded_controls(controls: SamplingControls, size: int, vocab: int) -> DeviceControls:
-    """`controls` of R rows as DeviceControls of `size` >= R rows over a vocabulary of `vocab`:
-    padding rows neutral, allowed masks widened to the vocabulary's words (unrestricted rows all
-    ones; a restricted row allows nothing past its own mask)."""
-    def rows(a, fill, widen=False):
+_NEUTRAL_PENALTIES = np.array([0.0, 0.0, 1.0], np.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def neutral_controls(size: int, vocab: int, widths: ControlWidths) -> DeviceControls:
+    """DeviceControls of `size` rows none of which has a control (read-only, shared: a step without
+    controls passes these)."""
+    out = DeviceControls(penalties=np.tile(_NEUTRAL_PENALTIES, (size, 1)),
+                         history=np.full((size, widths.history), PAD_ID, np.int32),
+                         output_start=np.zeros(size, np.int32),
+                         bias_ids=np.full((size, widths.bias), PAD_ID, np.int32),
+                         bias_values=np.zeros((size, widths.bias), np.float32),
+                         banned=np.full((size, widths.banned), PAD_ID, np.int32),
+                         allowed=np.full((size, bitmask_words(vocab)), -1, np.int32))
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+def _fixed_width(field: str, a: np.ndarray, width: int, fill) -> np.ndarray:
+    """`a` [R, w] as [R, width]: entries past `width` must all be `fill` (the lists' padding)."""
+    if a.shape[1] > width and (a[:, width:] != fill).any():
+        raise ValueError(f"{field}: a row has more than {width} entries, the sampler's fixed width")
+    out = np.full((len(a), width), fill, a.dtype)
+    out[:, : min(width, a.shape[1])] = a[:, :width]
+    return out
+
+
+def padded_controls(controls: SamplingControls | None, size: int, vocab: int, widths: ControlWidths) -> DeviceControls:
+    """`controls` of R rows (None: no row has any) as DeviceControls of `size` >= R rows over a
+    vocabulary of `vocab`: lists at the fixed `widths`, padding rows and absent fields neutral,
+    allowed masks widened to the vocabulary's words (unrestricted rows all ones; a restricted row
+    allows nothing past its own mask)."""
+    neutral = neutral_controls(size, vocab, widths)
+    if controls is None:
+        return neutral
+    fields = {}
+
+    def rows(name, a, fill, width=None):
         if a is None:
-            return None
-        # Id lists widened to the `control_width` ladder: fewer compiled widths, the same result.
-        width = (control_width(a.shape[1]),) if widen else a.shape[1:]
-        out = np.full((size, *width), fill, a.dtype)
-        if widen:
-            out[: len(a), : a.shape[1]] = a
-        else:
-            out[: len(a)] = a
-        return out
+            return
+        if width is not None:
+            a = _fixed_width(name, a, width, fill)
+        out = getattr(neutral, name).copy()
+        out[: len(a)] = a
+        fields[name] = out
 
-    allowed = None
+    rows("penalties", controls.penalties, 0.0)
+    rows("history", controls.history, PAD_ID, widths.history)
+    rows("output_start", controls.output_start, 0)
+    rows("bias_ids", controls.bias_ids, PAD_ID, widths.bias)
+    rows("bias_values", controls.bias_values, 0.0, widths.bias)
+    rows("banned", controls.banned, PAD_ID, widths.banned)
     if controls.allowed_masks is not None:
         words = bitmask_words(vocab)
         masks = controls.allowed_masks
         if masks.shape[1] > words and masks[:, words:].any():
             raise ValueError(f"allowed token masks reach past the vocabulary of {vocab} tokens")
-        allowed = np.full((size, words), -1, np.int32)
+        allowed = neutral.allowed.copy()
         allowed[controls.allowed_rows] = 0
         width = min(words, masks.shape[1])
         allowed[controls.allowed_rows, :width] = masks[:, :width]
-    penalties = rows(controls.penalties, 0.0)
-    if penalties is not None:
-        penalties[len(controls.penalties):, 2] = 1.0
-    return DeviceControls(penalties=penalties, history=rows(controls.history, PAD_ID, widen=True),
-                          output_start=rows(controls.output_start, 0),
-                          bias_ids=rows(controls.bias_ids, PAD_ID, widen=True),
-                          bias_values=rows(controls.bias_values, 0.0, widen=True),
-                          banned=rows(controls.banned, PAD_ID, widen=True),
-                          allowed=allowed)
+        fields["allowed"] = allowed
+    return neutral._replace(**fields)
 
 
 def apply_controls(logits: jax.Array, c: DeviceControls) -> jax.Array:
-    """The processed logits f32[R, V]: masks, bias and penalties of every row (neutral rows exact)."""
+    """The processed logits f32[R, V]: masks, bias and penalties of every row (neutral rows exact).
+    Each control runs only when some row of the step has it (`lax.cond`): one program for every
+    mix, and a step pays only for the controls it uses."""
     num_rows, vocab = logits.shape
     rows = jnp.arange(num_rows)[:, None]
-    if c.allowed is not None:
+
+    def allowed(logits):
         bits = (c.allowed[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1  # [R, W, 32]
-        logits = jnp.where(bits.reshape(num_rows, -1)[:, :vocab] == 1, logits, -jnp.inf)
-    if c.banned is not None:
-        logits = logits.at[rows, c.banned].set(-jnp.inf, mode="drop")
-    if c.bias_ids is not None:
-        logits = logits.at[rows, c.bias_ids].add(c.bias_values, mode="drop")
-    if c.penalties is not None:
+        return jnp.where(bits.reshape(num_rows, -1)[:, :vocab] == 1, logits, -jnp.inf)
+
+    def banned(logits):
+        return logits.at[rows, c.banned].set(-jnp.inf, mode="drop")
+
+    def bias(logits):
+        return logits.at[rows, c.bias_ids].add(c.bias_values, mode="drop")
+
+    def penalties(logits):
         seen = jnp.zeros((num_rows, vocab), bool).at[rows, c.history].set(True, mode="drop")  # prompt or output
         in_output = (jnp.arange(c.history.shape[1]) >= c.output_start[:, None]).astype(jnp.int32)
         counts = jnp.zeros((num_rows, vocab), jnp.int32).at[rows, c.history].add(in_output, mode="drop")
         presence, frequency, repetition = (c.penalties[:, i: i + 1] for i in range(3))
-        # vLLM's arithmetic: multiply by 1 / penalty (not divide) where the logit is positive.
-        penalty = jnp.where(seen, repetition, 1.0)
-        logits = logits * jnp.where(logits > 0, 1.0 / penalty, penalty)
-        logits = logits - frequency * counts.astype(jnp.float32)
-        logits = logits - presence * (counts > 0).astype(jnp.float32)
+        # vLLM's arithmetic: multiply by 1 / penalty (not divide) where the logit is positive; each
+        # product rounded on its own, as torch's separate operations round it. (Behind a select,
+        # which XLA:CPU's LLVM cannot contract with the subtraction into one multiply-add.)
+        logits = jnp.where(seen, logits * jnp.where(logits > 0, 1.0 / repetition, repetition), logits)
+        logits = logits - jnp.where(counts > 0, frequency * counts.astype(jnp.float32), 0.0)
+        return logits - jnp.where(counts > 0, presence, 0.0)
+
+    for used, control in zip(_used(c), (allowed, banned, bias, penalties)):
+        logits = jax.lax.cond(used, control, lambda logits: logits, logits)
     return logits
+
+
+def _used(c: DeviceControls) -> tuple[jax.Array, ...]:
+    """bool[] each: some row is restricted, has banned ids, a logit_bias, penalties."""
+    return (jnp.any(c.allowed != -1), jnp.any(c.banned != PAD_ID), jnp.any(c.bias_ids != PAD_ID),
+            jnp.any(c.penalties != jnp.asarray(_NEUTRAL_PENALTIES)))
+
+
+def any_control(c: DeviceControls) -> jax.Array:
+    """bool[]: some row of `c` has a control."""
+    return functools.reduce(jnp.logical_or, _used(c))

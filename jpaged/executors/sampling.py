@@ -1,16 +1,20 @@
 """Next-token selection on device: greedy, the random draw, the sampling controls, top candidates.
 
-The real executor's last stage: a step's SamplingBatch is sampled by up to three jitted calls that
-bring back a few small arrays (no [S, vocab] transfer to the host), each with its own few static
-variants so that the variants add up instead of multiplying (jpaged.executors.warmup compiles the
-common ones before serving):
+The real executor's last stage: a step's SamplingBatch is sampled by ONE jitted call that brings
+back a few small arrays (no [S, vocab] transfer to the host). Every mode and control is per-row
+data of a fixed shape (`SamplerRows`: temperature, top_k, top_p, min_p, seeds; the controls'
+id lists at fixed widths and allowed-token bitmasks, jpaged.executors.logits_controls; a
+top-candidate count up to the most any request may ask), and the work a step does not need is
+skipped at run time (`lax.cond` / `lax.switch` on "some row asks for it"), so the sampler
+compiles one program per padded row count (`SamplerProgram`), whatever its requests ask:
 
-- controls (`ControlsVariant`, only a step with penalties, logit_bias, banned or allowed tokens:
-  jpaged.executors.logits_controls): the processed logits of the sample rows;
-- the choice (`DrawVariant`): greedy rows take the argmax (of the processed logits when there are
-  any), random rows draw (jpaged.executors.draw: no vocabulary sort); the chosen token's
-  log-probability is the model's raw one;
-- top candidates (`TopVariant`, only a step asking for them: beams, logprobs).
+- the choice: greedy rows take the argmax (of the processed logits when some row has controls),
+  random rows draw (jpaged.executors.draw: no vocabulary sort); a step of greedy rows without
+  controls reduces the logits where they lie and skips the rest;
+- log-probabilities are the model's raw ones, every one of them (chosen tokens', top
+  candidates') from one normaliser per logits row computed before any branch: the same bits
+  whatever else the step asks;
+- top candidates (beams, logprobs): `lax.top_k` at the step's width of the ladder `top_width`.
 
 Sample rows are padded to the step's S (at most S rows a call), so a step's shape fixes the
 sampler's. Randomness is a pure function of (seed, stream, position): the same request draws the
@@ -28,39 +32,57 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jpaged.core.padding import bucket
-from jpaged.core.sampling_controls import SamplingControls
+from jpaged.core.padding import bucket, padded_sizes
+from jpaged.core.sampling_controls import SamplingControls, history_width
+from jpaged.core.sequence import MAX_BANNED_IDS, MAX_LOGIT_BIAS_IDS, MAX_LOGPROBS
 from jpaged.core.step_plan import SamplingBatch
-from jpaged.executors.draw import CANDIDATE_LIMIT, DrawMode, draw, draw_mode, row_keys
-from jpaged.executors.logits_controls import DeviceControls, apply_controls, padded_controls
+from jpaged.executors.draw import draw, row_keys
+from jpaged.executors.logits_controls import ControlWidths, DeviceControls, any_control, apply_controls, padded_controls
 
 
-class DrawVariant(NamedTuple):
-    """The static shape of the choosing call: a compiled program each."""
+class SamplerProgram(NamedTuple):
+    """The sampler's one compiled program for steps of `num_rows` padded sample rows."""
 
     num_rows: int  # S: sample rows are padded to it
-    mode: DrawMode | None  # the random draw's shape (None: every row greedy)
-    controlled: bool  # the rows' logits were processed by the controls first
 
 
-class TopVariant(NamedTuple):
-    """The static shape of the top-candidates call."""
+class SamplerWidths(NamedTuple):
+    """The fixed widths of the sampler's per-row data under an engine's limits."""
 
-    num_rows: int  # S
-    num_top: int  # `top_width` of the candidates asked
-
-
-class ControlsVariant(NamedTuple):
-    """The static shape of the controls call: which controls the step has and their list widths."""
-
-    num_rows: int  # S
-    history: int  # L of the penalties' token lists (0: no penalties)
-    bias: int  # B of the logit_bias lists (0: none)
-    banned: int  # N of the banned-id lists (0: none)
-    allowed: bool  # some row is restricted to a set of tokens
+    controls: ControlWidths
+    num_top: int  # K: most top candidates a step may ask (logprobs, beams), on the `top_width` ladder
 
 
-SamplerProgram = DrawVariant | TopVariant | ControlsVariant
+def sampler_widths(max_model_len: int, max_num_seqs: int, vocab: int) -> SamplerWidths:
+    """The widths for an engine of `max_model_len` tokens per request and `max_num_seqs` sequences
+    per step (beams rank 2 x their width) over a vocabulary of `vocab`."""
+    return SamplerWidths(ControlWidths(history=history_width(max_model_len), bias=MAX_LOGIT_BIAS_IDS,
+                                       banned=MAX_BANNED_IDS),
+                         top_width(min(max(MAX_LOGPROBS, 2 * max_num_seqs), vocab), vocab))
+
+
+def _fitting_widths(batch: SamplingBatch, vocab: int) -> SamplerWidths:
+    """The narrowest widths that hold `batch` (a call without an engine's limits: tests, benchmarks)."""
+    c = batch.controls
+    width = lambda a, least: least if c is None or a is None else max(least, a.shape[1])
+    return SamplerWidths(ControlWidths(width(c and c.history, 64), width(c and c.bias_ids, 8),
+                                       width(c and c.banned, 8)),
+                         top_width(max(batch.num_top, 1), vocab))
+
+
+class SamplerRows(NamedTuple):
+    """One step's sample rows as the sampler's device inputs, padded to R rows."""
+
+    logits_rows: np.ndarray  # i32[R] the logits row each sample reads
+    temperature: np.ndarray  # f32[R] 0 = greedy
+    top_k: np.ndarray  # i32[R] 0 = off (k >= V is off too)
+    top_p: np.ndarray  # f32[R] 1 = off (padding rows: 1)
+    min_p: np.ndarray  # f32[R] 0 = off
+    seed: np.ndarray  # u32[R]
+    stream: np.ndarray  # i32[R]
+    position: np.ndarray  # i32[R]
+    top_branch: np.ndarray  # i32[] the top-candidate width's index in `top_ladder` (0: none)
+    controls: DeviceControls
 
 
 @dataclasses.dataclass
@@ -76,13 +98,18 @@ class SampleResult:
 def top_width(k: int, vocab: int) -> int:
     """The compiled number of top candidates for `k` requested (0: none): 8, 32, 128, ... (x4), at
     most the vocabulary. lax.top_k returns the same first k of any wider top (ties to the lower id),
-    so a coarse ladder changes no result and keeps the variants few."""
+    so a coarse ladder changes no result and keeps the branches few."""
     if not k:
         return 0
     width = 8
     while width < k:
         width *= 4
     return min(width, vocab)
+
+
+def top_ladder(num_top: int, vocab: int) -> list[int]:
+    """The top-candidate widths of the sampler's branches up to `num_top`: 0 (none), 8, 32, ..."""
+    return [0] + [width for _, width in padded_sizes(lambda k: top_width(k, vocab), 1, num_top)]
 
 
 def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
@@ -95,7 +122,7 @@ def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(is_max, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
-def _normaliser(logits):
+def normaliser(logits):
     """Row max and log normaliser f32[R, 1] of logits f32[R, V]: log_softmax's own arithmetic
     ((x - max) - log sum exp(x - max)) is then applied only to the entries returned, with no
     [R, V] row of log-probabilities written."""
@@ -107,61 +134,68 @@ def _logprob_of(logits, tokens, row_max, log_norm):
     return ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
 
 
-@jax.jit
-def _controls(logits, logits_rows, controls: DeviceControls):
-    """The sample rows' logits f32[R, V] after the controls (R = len(logits_rows))."""
-    return apply_controls(logits.astype(jnp.float32)[logits_rows], controls)
+def normaliser(logits):
+    """Row max and log normaliser f32[S, 1] of logits f32[S, V]: log_softmax's own arithmetic
+    ((x - max) - log sum exp(x - max)) is then applied only to the entries returned, with no
+    [S, V] row of log-probabilities written. Every log-probability a step returns, and the
+    prompt log-probabilities (jpaged.executors.prompt_logprobs), uses it."""
+    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [S, 1]
+    return row_max, jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
 
 
-@functools.partial(jax.jit, static_argnames=("mode",))
-def _choose(logits, logits_rows, processed, temperature, top_k, top_p, min_p, seed, stream, position, *, mode):
-    """Tokens i32[R] and their raw log-probabilities f32[R]; `processed` f32[R, V] or None."""
+def _choose(logits, row_max, rows: SamplerRows):
+    """Tokens i32[R]: greedy rows the argmax of their (processed) logits, random rows drawn."""
+    random = rows.temperature > 0
+
+    def plain():
+        # All greedy, no controls: reduce the step's rows where they lie and pick the results per
+        # sample row, rather than first copying every sample row's [V] logits (the same arithmetic).
+        return greedy_tokens(logits, row_max)[rows.logits_rows]
+
+    def general():
+        processed = apply_controls(logits[rows.logits_rows], rows.controls)  # [R, V]
+        tokens = greedy_tokens(processed, jnp.max(processed, axis=-1, keepdims=True))
+
+        def drawn():
+            top_k, keys = rows.top_k, row_keys(rows.seed, rows.stream, rows.position)
+            picked, ok = draw(processed, rows.temperature, top_k, rows.top_p, rows.min_p, keys)
+            return jnp.where(random & ok, picked, tokens)  # (every token masked: the argmax)
+
+        return jax.lax.cond(jnp.any(random), drawn, lambda: tokens)
+
+    return jax.lax.cond(jnp.any(random) | any_control(rows.controls), general, plain)
+
+
+def _top(logits, row_max, log_norm, rows: SamplerRows, ladder: tuple[int, ...]):
+    """The step's top candidates i32[R, K] and their raw log-probabilities f32[R, K] (K = the
+    ladder's widest; only the first `ladder[rows.top_branch]` columns are computed, the rest 0)."""
+    widest = ladder[-1]
+
+    def top(width):
+        def branch():
+            top_logits, top_ids = jax.lax.top_k(logits, width)  # [S, width], log-softmax keeps the order
+            top_logprobs = (top_logits - row_max) - log_norm
+            pad = ((0, 0), (0, widest - width))
+            return jnp.pad(top_ids.astype(jnp.int32), pad), jnp.pad(top_logprobs, pad)
+        return branch
+
+    def none():
+        return jnp.zeros((logits.shape[0], widest), jnp.int32), jnp.zeros((logits.shape[0], widest), jnp.float32)
+
+    ids, logprobs = jax.lax.switch(rows.top_branch, [none] + [top(width) for width in ladder[1:]])
+    return ids[rows.logits_rows], logprobs[rows.logits_rows]
+
+
+@functools.partial(jax.jit, static_argnames=("ladder",))
+def _sample(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
+    """Tokens i32[R], their raw log-probabilities f32[R] and the top candidates [R, K] of `rows`
+    from logits [S, V]."""
     logits = logits.astype(jnp.float32)  # [S, V]
-    if mode is None and processed is None:
-        # All greedy: reduce the step's rows where they lie and pick the results per sample row,
-        # rather than first copying every sample row's [V] logits (the same arithmetic per row).
-        row_max, log_norm = _normaliser(logits)
-        tokens = greedy_tokens(logits, row_max)
-        return tokens[logits_rows], _logprob_of(logits, tokens, row_max, log_norm)[logits_rows]
-    logits = logits[logits_rows]  # [R, V]
-    # Log-probabilities are the model's raw ones (vLLM's raw_logprobs): before controls and temperature.
-    row_max, log_norm = _normaliser(logits)
-    chosen_from = logits if processed is None else processed
-    tokens = greedy_tokens(chosen_from, jnp.max(chosen_from, axis=-1, keepdims=True))
-    if mode is not None:
-        drawn, ok = draw(chosen_from, temperature, top_k, top_p, min_p, row_keys(seed, stream, position), mode)
-        tokens = jnp.where((temperature > 0) & ok, drawn, tokens)  # (every token masked: the argmax)
-    return tokens, _logprob_of(logits, tokens, row_max, log_norm)
-
-
-@functools.partial(jax.jit, static_argnames=("num_top",))
-def _top(logits, logits_rows, *, num_top):
-    """The `num_top` most likely tokens i32[R, num_top] of each sample row, best first, and their
-    raw log-probabilities f32[R, num_top]."""
-    logits = logits.astype(jnp.float32)[logits_rows]  # [R, V]
-    row_max, log_norm = _normaliser(logits)
-    top_logits, top_ids = jax.lax.top_k(logits, num_top)  # log-softmax keeps the order
-    return top_ids.astype(jnp.int32), (top_logits - row_max) - log_norm
-
-
-def _draw_settings(batch: SamplingBatch, vocab: int) -> tuple[np.ndarray, DrawMode | None]:
-    """The rows' top_k as the draw reads it (k >= V keeps every token: 0) and the step's DrawMode."""
-    top_k = np.where(batch.top_k >= vocab, 0, batch.top_k)
-    mode = draw_mode(batch.temperature, top_k, batch.top_p)
-    if mode is not None and mode.full_top_k:
-        # A top_k above the candidate limit is rare: its steps run the widest mode, which draws the
-        # same tokens (each path leaves the rows that do not need it alone, and the candidates'
-        # draw does not depend on the width), so 5 of draw_mode's 13 variants are never compiled.
-        mode = DrawMode(num_candidates=CANDIDATE_LIMIT, full_top_k=True, full_top_p=True)
-    if mode is not None and mode.num_candidates > vocab:
-        mode = mode._replace(num_candidates=vocab)
-    return top_k, mode
-
-
-def _controls_variant(controls: DeviceControls, num_rows: int) -> ControlsVariant:
-    width = lambda a: 0 if a is None else a.shape[1]  # (a step's controls may all be None: a neutral call)
-    return ControlsVariant(num_rows, width(controls.history), width(controls.bias_ids), width(controls.banned),
-                           controls.allowed is not None)
+    row_max, log_norm = normaliser(logits)  # [S, 1]: shared by every log-probability returned
+    tokens = _choose(logits, row_max, rows)
+    r = rows.logits_rows
+    chosen = ((logits[r, tokens] - row_max[r, 0]) - log_norm[r, 0])
+    return (tokens, chosen, *_top(logits, row_max, log_norm, rows, ladder))
 
 
 _ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")
@@ -191,41 +225,33 @@ def split_rows(batch: SamplingBatch, size: int) -> list[SamplingBatch]:
         for i in range(0, rows, size)]
 
 
-def programs_of(batch: SamplingBatch, num_rows: int, vocab: int) -> list[SamplerProgram]:
-    """The sampler programs that sample `batch` (at most `num_rows` rows) from logits [num_rows, vocab]."""
-    programs: list[SamplerProgram] = []
-    if batch.controls is not None:
-        programs.append(_controls_variant(padded_controls(batch.controls, num_rows, vocab), num_rows))
-    programs.append(DrawVariant(num_rows, _draw_settings(batch, vocab)[1], batch.controls is not None))
-    if batch.num_top:
-        programs.append(TopVariant(num_rows, top_width(batch.num_top, vocab)))
-    return programs
-
-
-def sample(logits: jax.Array, batch: SamplingBatch) -> SampleResult:
-    """Samples every row of `batch` from `logits` f32[S, vocab]. Up to S rows are padded to S, so a
-    step's shape fixes the sampler's programs (`programs_of`); more rows are padded to a power of
-    two, programs of their own (the executor splits them into calls of S rows instead)."""
+def sample(logits: jax.Array, batch: SamplingBatch, widths: SamplerWidths | None = None) -> SampleResult:
+    """Samples every row of `batch` from `logits` f32[S, vocab] with the per-row data at `widths`
+    (None: the narrowest that hold the batch). Up to S rows are padded to S, so a step's shape fixes
+    the sampler's program (`SamplerProgram(S)`); more rows are padded to a bucket, a program of
+    their own (the executor splits them into calls of S rows instead)."""
     rows, (size, vocab) = len(batch.logits_rows), logits.shape
     size = size if rows <= size else bucket(rows)
+    widths = _fitting_widths(batch, vocab) if widths is None else widths
+    ladder = top_ladder(widths.num_top, vocab)
+    k = batch.num_top
+    if top_width(k, vocab) > ladder[-1]:
+        raise ValueError(f"num_top: {k} top candidates, more than the sampler's {ladder[-1]}")
 
-    def pad(a, dtype):
-        out = np.zeros(size, dtype)
+    def pad(a, dtype, fill=0):
+        out = np.full(size, fill, dtype)
         out[:rows] = a
         return out
 
-    logits_rows = pad(batch.logits_rows, np.int32)
-    top_k, mode = _draw_settings(batch, vocab)
-    processed = None
-    if batch.controls is not None:
-        processed = _controls(logits, logits_rows, padded_controls(batch.controls, size, vocab))
-    out = _choose(logits, logits_rows, processed, pad(batch.temperature, np.float32), pad(top_k, np.int32),
-                  pad(batch.top_p, np.float32) + (np.arange(size) >= rows),
-                  np.zeros(size, np.float32) if batch.min_p is None else pad(batch.min_p, np.float32),
-                  pad(batch.seed, np.uint32), pad(batch.stream, np.int32), pad(batch.position, np.int32), mode=mode)
-    k = batch.num_top
-    top = (None, None) if not k else _top(logits, logits_rows, num_top=top_width(k, vocab))
-    tokens, chosen, top_ids, top_logprobs = jax.device_get((*out, *top))
-    return SampleResult(tokens[:rows], chosen[:rows],
-                        None if top_ids is None else top_ids[:rows, :k],
-                        None if top_logprobs is None else top_logprobs[:rows, :k])
+    inputs = SamplerRows(
+        logits_rows=pad(batch.logits_rows, np.int32), temperature=pad(batch.temperature, np.float32),
+        top_k=pad(np.where(batch.top_k >= vocab, 0, batch.top_k), np.int32),  # (k >= V keeps every token)
+        top_p=pad(batch.top_p, np.float32, 1.0), min_p=pad(0.0 if batch.min_p is None else batch.min_p, np.float32),
+        seed=pad(batch.seed, np.uint32), stream=pad(batch.stream, np.int32), position=pad(batch.position, np.int32),
+        top_branch=np.int32(ladder.index(top_width(k, vocab))),
+        controls=padded_controls(batch.controls, size, vocab, widths.controls))
+    tokens, chosen, top_ids, top_logprobs = _sample(logits, inputs, ladder=tuple(ladder))
+    # (the top candidates come back only when asked: [R, K] stays on device otherwise)
+    tokens, chosen, *top = jax.device_get((tokens, chosen, *((top_ids, top_logprobs) if k else ())))
+    return SampleResult(tokens[:rows], chosen[:rows], top[0][:rows, :k] if k else None,
+                        top[1][:rows, :k] if k else None)

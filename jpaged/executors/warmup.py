@@ -1,19 +1,14 @@
 """Every program a config can need, compiled before the first request, and the disk cache behind them.
 
-`grid(config, vocab)` lists the programs the engine can produce under `config`, derived from the
+`grid(config)` lists the programs the engine can produce under `config`, derived from the
 padding rules the scheduler and executor use (jpaged.core.padding) and the config's limits:
 
 - model steps: decode (T == S, M bucketed to the longest table) and steps with a prompt chunk
   (T, S a power of two, M the full width), every padded shape the token, sequence and block budgets
   allow (`padding.decode_shapes`, `padding.prefill_shapes`);
-- sampler programs (jpaged.executors.sampling; three calls whose variants add up): for each
-  step's S, the choice (`DrawVariant`) in every draw mode a batch of at most S rows can produce
-  (8 with two rows: draw_mode's 13, those with a top_k above 64 run as the widest; 5 with one), with and without processed
-  logits; the top candidates (`TopVariant`) at each width of the ladder `sampling.top_width` up to
-  what `logprobs` (MAX_LOGPROBS) and beam search (2 x n, n up to max_num_seqs) ask; the controls
-  (`ControlsVariant`) of penalties alone at each history width of `padding.control_width` up to
-  max_model_len. Other control combinations (logit_bias, banned tokens, allowed tokens, several
-  at once) compile on first use: the executor counts them and logs each;
+- the sampler (jpaged.executors.sampling): ONE program per step's S (`SamplerProgram`), which
+  serves every draw mode, control, combination of controls and top-candidate width, the work a
+  step does not need skipped at run time;
 - block operations: copy-on-write pair arrays (at most one copy per running sequence a step) and,
   under swap preemption with a host pool, swap-out and swap-in pair arrays.
 
@@ -40,11 +35,8 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.core import padding
-from jpaged.core.sampling_controls import SamplingControls
-from jpaged.core.sequence import MAX_LOGPROBS
 from jpaged.core.step_plan import SamplingBatch, StepPlan
-from jpaged.executors import sampling
-from jpaged.executors.sampling import ControlsVariant, DrawVariant, SamplerProgram, TopVariant, top_width
+from jpaged.executors.sampling import SamplerProgram
 
 if TYPE_CHECKING:
     from jpaged.executors.jax import JaxExecutor
@@ -87,56 +79,17 @@ def model_steps(config: EngineConfig) -> list[ModelStep]:
     return [ModelStep("decode", *shape) for shape in decode] + [ModelStep("prefill", *shape) for shape in prefill]
 
 
-# Random rows whose settings reach every draw mode (jpaged.executors.draw.draw_mode): (top_k, top_p)
-# as a candidate width (16, 64), the full-vocabulary top-k (above 64) and top-p; a mode needs at
-# most two such rows.
-_DRAW_ROWS = [(0, 1.0), (0, 0.9), (16, 1.0), (64, 1.0), (65, 1.0), (65, 0.9)]
+def sampler_programs(seq_sizes: list[int]) -> list[SamplerProgram]:
+    """The sampler's programs for steps of `seq_sizes` padded sequences: one per row count, which
+    serves every mode and control (jpaged.executors.sampling)."""
+    return [SamplerProgram(size) for size in seq_sizes]
 
 
-def _batch(settings: list[tuple[float, int, float]], num_top: int = 0,
-           controls: SamplingControls | None = None) -> SamplingBatch:
-    """Rows of (temperature, top_k, top_p) reading logits row 0."""
-    t, k, p = (np.array(v) for v in zip(*settings))
-    z = np.zeros(len(settings), np.int32)
-    return SamplingBatch(logits_rows=z, temperature=t.astype(np.float32), top_k=k.astype(np.int32),
-                         top_p=p.astype(np.float32), seed=z.astype(np.uint32), stream=z, position=z,
-                         num_top=num_top, min_p=np.zeros(len(settings), np.float32), controls=controls)
-
-
-def _penalties(num_rows: int, history: int) -> SamplingControls:
-    """A repetition penalty on every row over a history list of `history` ids."""
-    penalties = np.tile(np.array([0.0, 0.0, 1.1], np.float32), (num_rows, 1))
-    return SamplingControls(penalties=penalties, history=np.zeros((num_rows, history), np.int32),
-                            output_start=np.zeros(num_rows, np.int32))
-
-
-def sampler_batches(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[tuple[int, SamplingBatch]]:
-    """(S, batch) pairs whose sampling runs every sampler program of the grid: every draw mode of at
-    most S rows plain and processed, every top-candidate width, penalties at every history width."""
-    batches = []
-    pairs = [[(1.0, *a)] for a in _DRAW_ROWS] + [[(1.0, *a), (1.0, *b)] for i, a in enumerate(_DRAW_ROWS)
-                                                   for b in _DRAW_ROWS[i + 1:]]
-    most_top = min(max(MAX_LOGPROBS, 2 * config.scheduler.max_num_seqs), vocab)
-    tops = [width for _, width in padding.padded_sizes(lambda k: top_width(k, vocab), 1, most_top)]
-    histories = [width for _, width in padding.padded_sizes(padding.control_width, 1,
-                                                              config.scheduler.max_model_len)]
-    for size in seq_sizes:
-        batches.append((size, _batch([(0.0, 0, 1.0)])))  # all greedy
-        for rows in [[(0.0, 0, 1.0)], *pairs]:
-            if len(rows) <= size:
-                batches.append((size, _batch(rows)))
-                batches.append((size, _batch(rows, controls=_penalties(len(rows), histories[0]))))
-        batches += [(size, _batch([(0.0, 0, 1.0)], num_top=top)) for top in tops]
-        batches += [(size, _batch([(0.0, 0, 1.0)], controls=_penalties(1, width))) for width in histories[1:]]
-    return batches
-
-
-def sampler_programs(config: EngineConfig, seq_sizes: list[int], vocab: int) -> list[SamplerProgram]:
-    """Every sampler program of the grid for steps of `seq_sizes` padded sequences, in compile order."""
-    programs: dict[SamplerProgram, None] = {}
-    for size, batch in sampler_batches(config, seq_sizes, vocab):
-        programs.update(dict.fromkeys(sampling.programs_of(batch, size, vocab)))
-    return list(programs)
+def _greedy_rows(num_rows: int) -> SamplingBatch:
+    """`num_rows` greedy rows reading logits row 0: any batch runs the row count's one program."""
+    z = np.zeros(num_rows, np.int32)
+    return SamplingBatch(logits_rows=z, temperature=z.astype(np.float32), top_k=z, top_p=np.ones(num_rows, np.float32),
+                         seed=z.astype(np.uint32), stream=z, position=z)
 
 
 def block_ops(config: EngineConfig) -> list[BlockOp]:
@@ -151,12 +104,12 @@ def block_ops(config: EngineConfig) -> list[BlockOp]:
     return ops
 
 
-def grid(config: EngineConfig, vocab: int) -> list[Program]:
+def grid(config: EngineConfig) -> list[Program]:
     """Every program the engine can run under `config`, in compile order: model steps, the sampler
     (which samples the logits of a step of its S), block operations."""
     steps = model_steps(config)
     seq_sizes = sorted({step.num_seqs for step in steps})
-    return [*steps, *sampler_programs(config, seq_sizes, vocab), *block_ops(config)]
+    return [*steps, *sampler_programs(seq_sizes), *block_ops(config)]
 
 
 def _padding_plan(step: ModelStep) -> StepPlan:
@@ -181,13 +134,12 @@ class WarmUpStopped(Exception):
 
 def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool = True,
                  stop: threading.Event | None = None) -> dict:
-    """Compiles every program of `grid(config, executor.vocab_size)` by running it once on padding,
-    with a progress bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}.
-    Call it before the engine's first step, never while one runs (it uses the executor's pool).
-    `stop` is checked before each program (a compilation itself cannot be interrupted): once set,
-    WarmUpStopped is raised, so a shutdown waits for one program at most, not the grid."""
-    vocab = executor.vocab_size
-    programs = grid(config, vocab)
+    """Compiles every program of `grid(config)` by running it once on padding, with a progress
+    bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}. Call it before the
+    engine's first step, never while one runs (it uses the executor's pool). `stop` is checked
+    before each program (a compilation itself cannot be interrupted): once set, WarmUpStopped is
+    raised, so a shutdown waits for one program at most, not the grid."""
+    programs = grid(config)
     steps = [p for p in programs if isinstance(p, ModelStep)]
     ops = [p for p in programs if isinstance(p, BlockOp)]
     start, cpu = time.perf_counter(), time.process_time()
@@ -209,15 +161,11 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
         logits[step.num_seqs] = executor.run_model(_padding_plan(step))
         done += 1
         bar.update()
-    seen: set[SamplerProgram] = set()
-    for size, batch in sampler_batches(config, sorted(logits), vocab):
-        new = [p for p in sampling.programs_of(batch, size, vocab) if p not in seen]
-        if new:  # (a batch of programs all run already is skipped)
-            next_program(new[0])
-            executor.sample(logits[size], batch)
-            seen.update(new)
-            done += len(new)
-            bar.update(len(new))
+    for program in (p for p in programs if isinstance(p, SamplerProgram)):
+        next_program(program)
+        executor.sample(logits[program.num_rows], _greedy_rows(1))
+        done += 1
+        bar.update()
     for op in ops:
         next_program(op)
         executor.execute(_block_plan(op))
@@ -236,12 +184,8 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
 def _describe(program: Program) -> str:
     if isinstance(program, ModelStep):
         return f"{program.kind} T={program.num_tokens} S={program.num_seqs} M={program.table_width}"
-    if isinstance(program, DrawVariant):
-        return f"sample S={program.num_rows} draw={program.mode} controlled={program.controlled}"
-    if isinstance(program, TopVariant):
-        return f"top S={program.num_rows} width={program.num_top}"
-    if isinstance(program, ControlsVariant):
-        return f"controls S={program.num_rows} history={program.history}"
+    if isinstance(program, SamplerProgram):
+        return f"sample S={program.num_rows}"
     return f"{program.op} {program.num_pairs}"
 
 

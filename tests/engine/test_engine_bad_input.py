@@ -198,6 +198,12 @@ CASES = [
         "[-100, 100]"),
     row("logit_bias-out-of-vocab", lambda e, d: e.add_request("x", [1, 2], SP(logit_bias={VOCAB: 1.0})), ValueError,
         "sampling_params.logit_bias keys[0]", str(VOCAB)),
+    row("logit_bias-too-many", lambda e, d: SP(logit_bias={t: 1.0 for t in range(257)}), ValueError,
+        "SamplingParams.logit_bias", "at most 256 entries", "got 257"),
+    row("banned-too-many", lambda e, d: e.add_request("x", [1, 2], SP(
+        bad_words_token_ids=[[t % VOCAB] for t in range(200)], min_tokens=1, max_tokens=4,
+        stop_token_ids=list(range(100)))), ValueError, "sampling_params", "bad_words_token_ids (200 words)",
+        "stop_token_ids", "at most 256"),
     row("min_tokens-over-max_tokens", lambda e, d: SP(min_tokens=5, max_tokens=4), ValueError,
         "SamplingParams.min_tokens", "max_tokens (4)", "got 5"),
     row("min_tokens-negative", lambda e, d: SP(min_tokens=-1), ValueError, "SamplingParams.min_tokens", "-1"),

@@ -9,7 +9,7 @@ import pytest
 from jpaged.core.sampling_controls import build_controls
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from jpaged.core.step_plan import SamplingBatch
-from jpaged.executors.logits_controls import apply_controls, padded_controls
+from jpaged.executors.logits_controls import ControlWidths, apply_controls, padded_controls
 from jpaged.executors.sampling import greedy_tokens, sample
 
 
@@ -219,7 +219,8 @@ def test_controls_give_vllms_logits_exactly():
         SequenceGroup(f"r{r}", [seq], SamplingParams(**settings), 0.0, r, eos_token_ids=(2,))
         seq.token_ids += output
         seqs.append(seq)
-    controls = padded_controls(build_controls(seqs), 16, vocab)
+    # (lists wider than the rows need: the fixed widths of an engine's limits change no logit)
+    controls = padded_controls(build_controls(seqs), 16, vocab, ControlWidths(history=256, bias=16, banned=32))
     padded = np.zeros((16, vocab), np.float32)
     padded[: len(seqs)] = logits
     got = np.asarray(apply_controls(jax.numpy.asarray(padded), controls))

@@ -1,6 +1,7 @@
-"""The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs,
-top_k, top_p, min_p, penalties, seeds, swap preemption) compiles nothing: neither the engine's count nor JAX's own
-compile events move."""
+"""The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs of
+several widths, top_k, top_p, min_p, seeds, every sampling control alone and together: penalties,
+logit_bias, min_tokens and bad words, allowed tokens; swap preemption) compiles nothing: neither the
+engine's count nor JAX's own compile events move. The sampler is one program per row count."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from jpaged.core import padding
 from jpaged.core.constraints import bitmask_words
 from jpaged.core.sampling_controls import SamplingControls
-from jpaged.core.sequence import SamplingParams
+from jpaged.core.sequence import SamplingParams, active_controls
 from jpaged.core.step_plan import SamplingBatch
 from jpaged.entrypoints.engine_args import engine_config, load_engine
 from jpaged.executors import sampling, warmup
@@ -56,29 +57,44 @@ def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], li
         if kind == 0:  # beam search: top candidates, forks, copy-on-write
             params.append(SamplingParams(n=2, use_beam_search=True, temperature=0.0, max_tokens=rng.randrange(2, 12),
                                          ignore_eos=True))
-        else:  # every draw mode (top_k up to and past the candidate limit), min_p, the penalties
-            penalty = rng.choice(["", "repetition_penalty", "frequency_penalty", "presence_penalty"])
-            params.append(SamplingParams(
-                n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]),
-                top_k=rng.choice([0, 0, 5, 50, 100]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]),
-                seed=rng.choice([None, i]), logprobs=rng.choice([None, 1, 5, 20]), max_tokens=rng.randrange(1, 24),
-                ignore_eos=True, **({penalty: 1.2} if penalty else {})))
+            continue
+        # Every draw mode (top_k up to and past the candidate limit), min_p, seeds, logprobs of several
+        # widths, and any mix of the controls: penalties, logit_bias, banned ids (min_tokens, bad
+        # words), allowed tokens.
+        controls = {}
+        for name, value in [("repetition_penalty", 1.2), ("frequency_penalty", 0.5), ("presence_penalty", -0.5),
+                            ("logit_bias", {rng.randrange(256): rng.uniform(-5, 5) for _ in range(rng.randrange(1, 9))}),
+                            ("min_tokens", 2), ("bad_words_token_ids", [[rng.randrange(256)], [7, 9]]),
+                            ("allowed_token_ids", rng.sample(range(256), rng.randrange(2, 40)))]:
+            if rng.random() < 0.3:
+                controls[name] = value
+        params.append(SamplingParams(
+            n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]),
+            top_k=rng.choice([0, 0, 5, 50, 100]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]),
+            seed=rng.choice([None, i]), logprobs=rng.choice([None, 0, 1, 5, 20]), max_tokens=rng.randrange(3, 24),
+            ignore_eos=True, **controls))
     return prompts, params
 
 
 def test_grid_covers_mixed_load_without_compiling():
     engine, _ = load_engine("tiny-llama", **SMALL)
-    programs = warmup.grid(engine.config, engine.vocab_size)
+    programs = warmup.grid(engine.config)
     report = warmup.compile_grid(engine.executor, engine.config, progress=False)
     # Every program of the grid counted once: the executor's keys are the grid's.
     assert report["num_compilations"] == report["num_programs"] == len(programs)
+    # One sampler program per step row count, whatever the requests ask.
+    seq_sizes = {p.num_seqs for p in programs if isinstance(p, warmup.ModelStep)}
+    assert sorted(p.num_rows for p in programs if isinstance(p, sampling.SamplerProgram)) == sorted(seq_sizes)
     warm = engine.kv_stats()["num_compilations"]
-    rng = random.Random(0)
+    rng, used = random.Random(0), set()
     with backend_compiles() as compiles:
         for _ in range(3):
             prompts, params = _mixed_requests(rng, 12)
             outputs = engine.generate(prompts, params, use_tqdm=False)
             assert all(out.finished for out in outputs)
+            used |= {name for p in params for name in active_controls(p)}
+    assert used == {"repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+                    "min_p", "bad_words_token_ids", "allowed_token_ids"}
     stats = engine.kv_stats()
     assert stats["num_preemptions"] > 0  # the load did preempt (swap)
     assert stats["num_compilations"] == warm
@@ -86,7 +102,7 @@ def test_grid_covers_mixed_load_without_compiling():
 
 
 def test_unwarmed_engine_counts_sampler_and_block_programs():
-    """Without the warm-up the same load compiles, and the count includes the sampler's variants."""
+    """Without the warm-up the same load compiles, and the count includes the sampler's programs."""
     engine, _ = load_engine("tiny-llama", **SMALL)
     prompts, params = _mixed_requests(random.Random(0), 6)
     with backend_compiles() as compiles:
@@ -188,6 +204,6 @@ def test_compile_grid_stops_between_programs_when_told(monkeypatch):
         return logits
 
     monkeypatch.setattr(engine.executor, "run_model", run_then_stop)
-    with pytest.raises(warmup.WarmUpStopped, match=rf"after 1 of {len(warmup.grid(engine.config, engine.vocab_size))}"):
+    with pytest.raises(warmup.WarmUpStopped, match=rf"after 1 of {len(warmup.grid(engine.config))}"):
         warmup.compile_grid(engine.executor, engine.config, progress=False, stop=stop)
     assert engine.executor.num_compilations == 1 and not engine.executor.warmed_up

@@ -15,7 +15,7 @@ from jpaged.config import SchedulerConfig
 from jpaged.config.checks import check_float, check_str, check_token_ids, show
 from jpaged.core.kv.kv_manager import KVCacheManager
 from jpaged.core.kv.prefix_cache import NO_HIT
-from jpaged.core.sequence import SamplingParams
+from jpaged.core.sequence import MAX_BANNED_IDS, SamplingParams
 
 
 class CheckedRequest(NamedTuple):
@@ -31,12 +31,13 @@ class CheckedRequest(NamedTuple):
 def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, arrival_time: Any,
                   cache_salt: Any, *,
                   scheduler: SchedulerConfig, kv: KVCacheManager, vocab_size: int | None, in_use: Container[str],
-                  prompt_field: str = "prompt_token_ids", params_field: str = "sampling_params",
-                  subject: str | None = None) -> CheckedRequest:
+                  eos_token_ids: tuple[int, ...] = (), prompt_field: str = "prompt_token_ids",
+                  params_field: str = "sampling_params", subject: str | None = None) -> CheckedRequest:
     """Every argument of `LLMEngine.add_request` checked against its type and the engine's limits
-    (`scheduler`, the pool of `kv`, the model's vocabulary; ids `in_use` are taken). Raises TypeError
-    or ValueError naming the field (`prompt_field` / `params_field` as the caller calls them);
-    errors about the prompt's length name it `subject` (default "request '<id>': prompt")."""
+    (`scheduler`, the pool of `kv`, the model's vocabulary, its `eos_token_ids`; ids `in_use` are
+    taken). Raises TypeError or ValueError naming the field (`prompt_field` / `params_field` as the
+    caller calls them); errors about the prompt's length name it `subject` (default "request
+    '<id>': prompt")."""
     request_id = check_str("request_id", request_id)
     if request_id in in_use:
         raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -71,6 +72,7 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
     if sampling_params.structured_outputs is not None:
         raise ValueError(f"{params_field}.structured_outputs: need a tokenizer (the text front end compiles them "
                          f"into a constraint); without one, give a TokenConstraint as constraint")
+    _check_banned(sampling_params, eos_token_ids, params_field)
     n = sampling_params.n
     width, width_field = (n, "n") if sampling_params.best_of is None else (sampling_params.best_of, "best_of")
     if width > scheduler.max_num_seqs:
@@ -105,3 +107,14 @@ def _check_vocabulary(params: SamplingParams, vocab_size: int, field: str) -> No
     if params.constraint is not None and params.constraint.vocab_size > vocab_size:
         raise ValueError(f"{field}.constraint.vocab_size: must be <= the model's vocabulary of {vocab_size} tokens, "
                          f"got {params.constraint.vocab_size}")
+
+
+def _check_banned(params: SamplingParams, eos_token_ids: tuple[int, ...], field: str) -> None:
+    """The ids one step may ban fit the sampler's fixed list width: one per bad word, and while
+    min_tokens holds, every stop id and EOS id."""
+    bad_words = len(params.bad_words_token_ids)
+    stops = len(set(params.stop_token_ids) | set(eos_token_ids)) if params.min_tokens else 0
+    if bad_words + stops > MAX_BANNED_IDS:
+        raise ValueError(f"{field}: bad_words_token_ids ({bad_words} words) and, with min_tokens, stop_token_ids "
+                         f"with the model's EOS ids ({stops} ids) would ban {bad_words + stops} ids in a step; at "
+                         f"most {MAX_BANNED_IDS}")
