@@ -158,7 +158,7 @@ def grid(config: EngineConfig, vocab: int) -> list[Program]:
     return [*steps, *sampler_programs(config, seq_sizes, vocab), *block_ops(config)]
 
 
-def _padding_plan(step: ModelStep) -> StepPlan:
+def padding_plan(step: ModelStep) -> StepPlan:
     """A plan of `step`'s shape in which every row is padding: tokens write to block 0, no
     sequence has context."""
     tokens, seqs = np.zeros(step.num_tokens, np.int32), np.zeros(step.num_seqs, np.int32)
@@ -187,7 +187,7 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
     bar = tqdm(total=len(programs), desc="compile", unit="program", disable=not progress)
     for step in steps:
         bar.set_postfix_str(_describe(step), refresh=False)
-        logits[step.num_seqs] = executor.run_model(_padding_plan(step))
+        logits[step.num_seqs] = executor.run_model(padding_plan(step))
         bar.update()
     seen: set[SamplerProgram] = set()
     for size, batch in sampler_batches(config, sorted(logits), vocab):
