@@ -11,6 +11,7 @@ writes its results atomically with their provenance.
   (results/REPORT.md, reproduce_all, figure_moves).
 - Shared: common.py (command line, provenance, JSON results), serving.py (the figures' sweeps and
   meters), plots.py (the figures' colors and curves), markdown.py (what every REPORT.md section
-  shares). The figures and groups import these, report/ imports the figures' sections, and nothing
-  outside report/ imports report/.
+  shares), paged_batch.py (plans from explicit contexts and block tables, scattered tables, greedy
+  generation through the model runner without the engine). The figures and groups import these,
+  report/ imports the figures' sections, and nothing outside report/ imports report/.
 """

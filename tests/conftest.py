@@ -2,8 +2,9 @@
 
 Every test that builds an engine builds a fresh executor, whose jitted step closures XLA would
 compile again even when the program is the same as an earlier test's. A persistent compilation
-cache in a directory private to this session (empty at its start, so runs stay independent) lets
-later tests load those executables instead of compiling them.
+cache in a directory private to this session (empty at its start, so runs stay independent; CI
+shares one across its runs: JPAGED_TEST_XLA_CACHE) lets later tests load those executables instead
+of compiling them.
 """
 
 import os
@@ -11,7 +12,9 @@ import tempfile
 
 # Set through the environment, which jax reads when it is first imported: the pure-Python tests
 # (tests/core) never import jax, and the test subprocesses share the cache.
-_CACHE = tempfile.TemporaryDirectory(prefix="jpaged-test-xla-cache-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE.name
+# CI sets JPAGED_TEST_XLA_CACHE to one folder for all the pytest runs of one CI run (the default
+# suite, the slow tier), so each reuses what the ones before it compiled.
+_CACHE = None if os.environ.get("JPAGED_TEST_XLA_CACHE") else tempfile.TemporaryDirectory(prefix="jpaged-test-xla-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("JPAGED_TEST_XLA_CACHE") or _CACHE.name
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"

@@ -8,8 +8,9 @@ it, including the host cost of handing the step arrays and the parameter tree to
 
     python -m experiments.bench.bench_decode --config configs/bench_decode.yaml
 
-Uses only the ModelRunner / load_params / StepPlan.from_contexts API, so it also runs against an
-older checkout that has them (PYTHONPATH) for A/B comparisons.
+Uses only the ModelRunner / load_params / StepPlan API (its plans come from
+experiments.paged_batch), so it also runs against an older checkout that has them (PYTHONPATH) for
+A/B comparisons.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.paged_batch import plan_from_contexts, scattered_tables
 from jpaged.config import ModelConfig
-from jpaged.core.step_plan import StepPlan
 from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -67,8 +67,8 @@ def bench_model(config: BenchDecodeConfig, name: str) -> dict:
     tables = scattered_tables(rng, [blocks_per_seq] * config.num_seqs, num_blocks)
     contexts = [rng.integers(1, spec.vocab_size, config.context_len).tolist() for _ in range(config.num_seqs)]
     # Exactly num_seqs rows, unpadded: the batch the config asks for.
-    plan = StepPlan.from_contexts(contexts, [1] * config.num_seqs, tables, config.block_size,
-                                  shape=(config.num_seqs, config.num_seqs, blocks_per_seq))
+    plan = plan_from_contexts(contexts, [1] * config.num_seqs, tables, config.block_size,
+                              shape=(config.num_seqs, config.num_seqs, blocks_per_seq))
     runner = ModelRunner(spec, params, block_size=config.block_size, attention_backend=config.attention_backend)
     pool = init_kv_pool(spec, num_blocks, config.block_size, params["embed"]["embedding"].dtype)
     wall, cpu = [], []

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.paged_batch import plan_from_contexts
 from jpaged.core.padding import bucket
 from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.executors.plan_channel import ACK, PLAN, recv_frame, send_frame
@@ -61,7 +62,7 @@ def make_plan(num_seqs: int, context: int, query: int, block_size: int) -> StepP
     blocks = -(-context // block_size)
     tables = [list(rng.permutation(num_seqs * blocks)[:blocks] + 1) for _ in range(num_seqs)]
     contexts = [list(rng.integers(1, 32000, context)) for _ in range(num_seqs)]
-    plan = StepPlan.from_contexts(contexts, [query] * num_seqs, tables, block_size)
+    plan = plan_from_contexts(contexts, [query] * num_seqs, tables, block_size)
     rows = np.arange(num_seqs, dtype=np.int32)
     plan.sampling = RemoteRows(SamplingBatch(
         logits_rows=rows, temperature=np.full(num_seqs, 0.7, np.float32), top_k=np.zeros(num_seqs, np.int32),

@@ -14,18 +14,67 @@ preset, dummy weights) it is issue 16's simulated-vs-measured check.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
+from typing import Callable
 
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.paged_batch import plan_from_contexts
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig
+from jpaged.core.step_plan import StepPlan
 from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
 from jpaged.paper.sim.gpus import get_gpu
-from jpaged.paper.sim.profiled import FittedCostModel, profile
+from jpaged.paper.sim.profiled import FittedCostModel, ProfileSample
 
 logger = logging.getLogger(__name__)
+
+
+def synthetic_plan(query_lens: list[int], context_lens: list[int], *,
+                   block_size: int, num_blocks: int, vocab_size: int) -> StepPlan:
+    """A well-formed StepPlan of the given shape, padded like the scheduler pads, for timing.
+
+    Sequences get consecutive blocks from 1 upward, wrapping within the pool, so sequences may
+    share blocks when the pool is small: harmless, the contents are never read back. The query
+    tokens are ids 4, 5, ... (wrapping below `vocab_size`); the context before them is never read.
+    """
+    if not query_lens or len(query_lens) != len(context_lens) or not all(
+            1 <= q <= c for q, c in zip(query_lens, context_lens)):
+        raise ValueError("query_lens must be non-empty, each >= 1 and <= its context_lens")
+    blocks = [-(-c // block_size) for c in context_lens]
+    starts = np.cumsum([0] + blocks[:-1])
+    tables = [(1 + (start + np.arange(b)) % (num_blocks - 1)).tolist() for start, b in zip(starts, blocks)]
+    ids = (np.arange(sum(query_lens)) % (vocab_size - 4) + 4).tolist()
+    ends = np.cumsum(query_lens).tolist()
+    contexts = [[0] * (c - q) + ids[end - q: end] for q, c, end in zip(query_lens, context_lens, ends)]
+    return plan_from_contexts(contexts, query_lens, tables, block_size)
+
+
+def profile(execute: Callable[[StepPlan], float], *, block_size: int, num_blocks: int, vocab_size: int,
+            decode_batches: tuple[int, ...] = (1, 4, 16, 64), decode_contexts: tuple[int, ...] = (64, 256, 1024),
+            prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024), repeats: int = 3) -> list[ProfileSample]:
+    """Times `execute(plan) -> seconds` on a grid of shapes; one untimed run per shape compiles it.
+
+    Decode: every (batch, context) pair. Prefill: one prompt of each length, and batches of four
+    prompts of a quarter of each length (so the fit separates tokens from attention pairs). Mixed:
+    one prompt of each length beside four decode rows of the middle decode context.
+    """
+    shapes = [([1] * b, [c] * b) for b, c in itertools.product(decode_batches, decode_contexts)]
+    mid_context = decode_contexts[len(decode_contexts) // 2]
+    for t in prefill_tokens:
+        shapes.append(([t], [t]))
+        if t >= 8:
+            shapes.append(([t // 4] * 4, [t // 4] * 4))
+        shapes.append(([t] + [1] * 4, [t] + [mid_context] * 4))
+    samples = []
+    for q, ctx in shapes:
+        plan = synthetic_plan(q, ctx, block_size=block_size, num_blocks=num_blocks, vocab_size=vocab_size)
+        execute(plan)
+        best = min(execute(plan) for _ in range(repeats))
+        samples.append(ProfileSample(tuple(q), tuple(ctx), best))
+    return samples
 
 
 @dataclasses.dataclass(frozen=True)

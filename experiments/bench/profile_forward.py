@@ -40,12 +40,12 @@ import jax
 import numpy as np
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.paged_batch import plan_from_contexts, scattered_tables
 from jpaged.config import ModelConfig
 from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.executors.sampling import sample
 from jpaged.models.checkpoint import load_params
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def _case_plan(spec, config: ProfileForwardConfig, num_seqs: int, context_len: i
     tables = scattered_tables(rng, [blocks_per_seq] * num_seqs, num_blocks)
     contexts = [rng.integers(1, spec.vocab_size, context_len).tolist() for _ in range(num_seqs)]
     shape = (num_seqs * num_query, num_seqs, blocks_per_seq)
-    return StepPlan.from_contexts(contexts, [num_query] * num_seqs, tables, config.block_size, shape=shape), num_blocks
+    return plan_from_contexts(contexts, [num_query] * num_seqs, tables, config.block_size, shape=shape), num_blocks
 
 
 def run(config: ProfileForwardConfig) -> dict:

@@ -2,7 +2,7 @@
 
     python -m experiments.lm.train_tiny --config configs/train_tiny.yaml
 
-The task (jpaged.models.tiny_task) can only be solved by attending ~L tokens back, so the trained
+The task (experiments.lm.tiny_task) can only be solved by attending ~L tokens back, so the trained
 model is a sharp end-to-end check of the paged KV cache: evaluation here already runs greedy
 generation through the paged ModelRunner with block tables scattered over the pool.
 """
@@ -22,14 +22,14 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from experiments.lm.tiny_task import CopyTask, score
+from experiments.paged_batch import greedy_generate, scattered_tables
 from jpaged.config import config_to_dict, load_config
 from jpaged.config.presets import get_preset
 from jpaged.models import decoder
 from jpaged.models.checkpoint import save_params
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.runner import ModelRunner
-from jpaged.models.tiny_task import CopyTask, score
 
 log = logging.getLogger(__name__)
 

@@ -199,7 +199,7 @@ _PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     # Tiny configs for tests: a few layers, small vocab; tiny-llama uses GQA (4 q heads / 2 kv heads).
     _opt("tiny-opt", 64, 2, 4, vocab=256, max_pos=512),
     _llama("tiny-llama", 64, 2, 4, 2, 128, vocab=256, max_pos=512, head_dim=16),
-    # The trained copy-task model (jpaged.models.tiny_task, assets/tiny-copy).
+    # The trained copy-task model (experiments.lm.tiny_task, assets/tiny-copy).
     _llama("tiny-copy", 128, 2, 4, 2, 256, vocab=512, max_pos=1024, head_dim=32),
 )}
 

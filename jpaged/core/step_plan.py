@@ -6,8 +6,8 @@ serving does not recompile. One plan describes any mix of prompt chunks and deco
 computes its context's last q_s tokens (q_s = 1 for a decode, more for a prompt chunk);
 `max_query_len == 1` is the decode fast path. The executor applies the plan's block operations,
 runs the arrays through the model, samples its SampleRows and answers with a ModelOutput: a token
-per sample row, never logits. The scheduler's hot path fills plans by `jpaged.core.sched.plan_builder`;
-everything else builds them with `StepPlan.from_contexts` or `StepPlan.block_ops_only`.
+per sample row, never logits. The scheduler fills plans by `jpaged.core.sched.plan_builder`; a
+step of block operations alone is `StepPlan.block_ops_only`.
 
 Padding conventions (the kernels rely on them):
 - Padded tokens carry token id 0, position 0 and a slot inside reserved block 0, so their K/V
@@ -26,7 +26,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from jpaged.core.padding import bucket, token_bucket
+from jpaged.core.padding import bucket
 from jpaged.core.sampling_controls import SamplingControls, build_controls
 
 if TYPE_CHECKING:
@@ -155,52 +155,6 @@ class StepPlan:
     prompt_rows: PromptRows | None = None  # rows whose logits also come back as prompt log-probabilities
 
     @classmethod
-    def from_contexts(cls, contexts: Seq[Seq[int]], num_query: Seq[int], tables: Seq[Seq[int]], block_size: int,
-                      *, shape: tuple[int, int, int] | None = None) -> StepPlan:
-        """A plan in which sequence s computes the last `num_query[s]` tokens of `contexts[s]`,
-        its K/V written through and read from `tables[s]` (physical block ids covering its whole
-        context); nobody samples. `shape` (T, S, M) pads to exact sizes; None pads as the
-        scheduler does (`jpaged.core.padding`: T and S to their buckets, M to the bucket of the
-        longest table, as under a max_model_len that does not cap it). For benchmarks, tests and
-        tools: the scheduler's hot path has its own builder."""
-        n = len(contexts)
-        if n == 0 or len(num_query) != n or len(tables) != n:
-            raise ValueError(f"contexts, num_query, tables: need as many of each, at least one "
-                             f"(got {n}, {len(num_query)}, {len(tables)})")
-        for s, (ctx, q, table) in enumerate(zip(contexts, num_query, tables)):
-            if not 1 <= q <= len(ctx) or len(table) * block_size < len(ctx):
-                raise ValueError(f"num_query[{s}] / tables[{s}]: need 1 <= query ({q}) <= context ({len(ctx)}) "
-                                 f"<= table capacity ({len(table) * block_size})")
-        total, longest, width = sum(num_query), max(num_query), max(len(t) for t in tables)
-        if shape is None:
-            shape = (token_bucket(total, n, longest), bucket(n), bucket(width))
-        size_t, size_s, size_m = shape
-        if size_t < total or size_s < n or size_m < width or (longest == 1 and size_t != size_s):
-            raise ValueError(f"shape: (T, S, M) = {shape} must hold {total} tokens, {n} sequences and {width} "
-                             f"blocks per sequence (and T == S for a decode-only step)")
-        token_ids, positions, slot_mapping = np.zeros((3, size_t), np.int32)
-        block_tables = np.zeros((size_s, size_m), np.int32)
-        context_lens = np.zeros(size_s, np.int32)
-        query_start_loc = np.full(size_s + 1, total, np.int32)
-        query_start_loc[0] = 0
-        start = 0
-        for s, (ctx, q, table) in enumerate(zip(contexts, num_query, tables)):
-            block_tables[s, : len(table)] = table
-            context_lens[s] = len(ctx)
-            stop = start + q
-            pos = np.arange(len(ctx) - q, len(ctx), dtype=np.int32)
-            token_ids[start:stop] = ctx[len(ctx) - q:]
-            positions[start:stop] = pos
-            slot_mapping[start:stop] = block_tables[s, pos // block_size] * block_size + pos % block_size
-            query_start_loc[s + 1] = start = stop
-        logits_indices = np.zeros(size_s, np.int32)
-        logits_indices[:n] = query_start_loc[1: n + 1] - 1
-        return cls(num_seqs=n, num_tokens=total, max_query_len=longest, token_ids=token_ids, positions=positions,
-                   slot_mapping=slot_mapping, query_start_loc=query_start_loc, context_lens=context_lens,
-                   block_tables=block_tables, logits_indices=logits_indices,
-                   num_prefill_tokens=sum(q for q in num_query if q > 1))
-
-    @classmethod
     def block_ops_only(cls, *, copy: Seq[tuple[int, int]] = (), swap_in: Seq[tuple[int, int]] = (),
                        swap_out: Seq[tuple[int, int]] = (), offload: Seq[tuple[int, int]] = ()) -> StepPlan:
         """A plan that runs no sequence, only block copies: copy-on-write pairs (src, dst), swap-in
@@ -222,11 +176,6 @@ class StepPlan:
     def padded_shape(self) -> tuple[int, int, int]:
         """(T, S, M): the bucketed shape the jitted step is compiled for."""
         return (len(self.token_ids), len(self.context_lens), self.block_tables.shape[1])
-
-    @property
-    def is_empty(self) -> bool:
-        """True when no sequence runs this step (only block operations, if any)."""
-        return self.num_seqs == 0
 
     @property
     def has_block_ops(self) -> bool:

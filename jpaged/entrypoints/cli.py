@@ -7,6 +7,7 @@ Flags are declared here without importing the server, so `jpaged --help` works w
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -55,6 +56,9 @@ def _serve_parser(sub) -> None:
     hosts.add_argument("--process-id", type=int, default=0, help="this process's rank in [0, --num-processes)")
     hosts.add_argument("--plan-port", type=int,
                        help="port of process 0's plan channel (default: the coordinator's port + 1)")
+    hosts.add_argument("--plan-secret-file", help="file holding the plan channel's shared secret, the same on every "
+                                                  "process, at least 16 bytes (default: $JPAGED_PLAN_SECRET; required "
+                                                  "with --num-processes > 1)")
     hosts.add_argument("--follower-timeout", type=float, default=60.0,
                        help="seconds a follower may stay silent or leave a step unfinished before process 0 "
                             "fails its requests and reports unhealthy")
@@ -72,7 +76,47 @@ def _serve_parser(sub) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="on SIGTERM / SIGINT, seconds open requests get to finish before the rest are aborted")
     p.add_argument("--disable-access-log", action="store_true")
+    _exposure_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _json_list(text: str) -> tuple[str, ...]:
+    """--allowed-origins and friends: a JSON list of strings (vLLM's form)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings such as '[\"https://app.example\"]', "
+                                         f"got {text!r}")
+    return tuple(value)
+
+
+def _exposure_flags(p) -> None:
+    """Flags for a server others reach (jpaged.entrypoints.serve.security and limits)."""
+    net = p.add_argument_group("running it for others (keys, TLS, CORS, limits)")
+    net.add_argument("--api-key", action="append", dest="api_keys", metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on every route but /health, /metrics, /version "
+                          "and the docs (repeatable: any of the keys; default: $JPAGED_API_KEY, else none)")
+    net.add_argument("--ssl-keyfile", help="TLS private key file (uvicorn's)")
+    net.add_argument("--ssl-certfile", help="TLS certificate file: the server speaks https (uvicorn's)")
+    net.add_argument("--ssl-ca-certs", help="CA certificates that client certificates are checked against")
+    net.add_argument("--ssl-cert-reqs", type=int, choices=[0, 1, 2], default=0,
+                     help="client certificates: 0 not asked for, 1 optional, 2 required (ssl.CERT_*)")
+    net.add_argument("--root-path", default="",
+                     help="the path prefix a proxy in front strips (e.g. /jpaged): URLs and the docs carry it")
+    net.add_argument("--allowed-origins", type=_json_list,
+                     help="enable CORS for these origins, a JSON list such as '[\"https://app.example\"]' "
+                          "(default: no CORS headers)")
+    net.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    net.add_argument("--allowed-methods", type=_json_list, default=("*",), help="CORS: JSON list (default all)")
+    net.add_argument("--allowed-headers", type=_json_list, default=("*",), help="CORS: JSON list (default all)")
+    net.add_argument("--max-queued-requests", type=int,
+                     help="refuse generation requests with 503 and Retry-After while this many wait for the engine "
+                          "(counted in jpaged:requests_shed; default: no bound)")
+    net.add_argument("--max-request-body-bytes", type=int,
+                     help="413 for a larger request body, before it is parsed (default 16 MiB: a long prompt "
+                          "several times over; jpaged.entrypoints.serve.limits)")
 
 
 def _bench_parser(sub) -> None:

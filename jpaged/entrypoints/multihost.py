@@ -5,10 +5,15 @@
     # process 1 (another host, or the same one): the same flags but its id; opens no port
     jpaged serve --model M --coordinator-address host0:7000 --num-processes 2 --process-id 1
 
+Every process needs the run's shared secret, --plan-secret-file or $JPAGED_PLAN_SECRET (at least
+16 bytes, the same on every process): without one a multi-process run is refused at start-up.
+
 Start-up, on every process: the plan channel joins first (jpaged.executors.plan_channel, on the
-coordinator's host at --plan-port, default its port + 1). Each follower sends its engine config and
-process 0 refuses one that differs, naming the field, before any JAX work; a follower that cannot
-reach process 0 within --join-timeout fails naming the address. Then the real executor joins
+coordinator's address at --plan-port, default its port + 1). Each connection proves it holds the
+secret (HMAC challenge-response, both ways) before any config or plan crosses it; each follower then
+sends its engine config and process 0 refuses one that differs, naming the field, before any JAX
+work (process 0 keeps waiting for the right one, and names the refusal if it never comes); a
+follower that cannot reach process 0 within --join-timeout fails naming the address. Then the real executor joins
 jax.distributed and its mesh (model.tensor_parallel_size) spans every process's devices. Process 0
 warms up before serving (the server's warm-up, jpaged.entrypoints.serve.state): its steps reach every process
 through the channel, so all of them compile the first step shapes before a client waits, and no
@@ -35,7 +40,7 @@ from jpaged.config import EngineConfig, config_to_dict
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.engine_args import engine_config
 from jpaged.executors.jax import JaxExecutor
-from jpaged.executors.plan_channel import PlanClient, PlanServer
+from jpaged.executors.plan_channel import PlanClient, PlanServer, plan_secret
 from jpaged.executors.remote import BroadcastExecutor
 from jpaged.executors.remote import follow as follow_plans
 
@@ -71,9 +76,11 @@ def lead(args: argparse.Namespace, engine_args: dict) -> AsyncLLMEngine:
     (`jpaged serve` warms it up and serves it). Its failure hooks are wired to the channel."""
     config = _config(args, engine_args)
     host, plan_port = _plan_address(args)
+    secret = plan_secret(args.plan_secret_file)
     log.info("waiting for %d followers on %s:%d", args.num_processes - 1, host, plan_port)
-    channel = PlanServer(host, plan_port, args.num_processes, config_to_dict(config), timeout=args.follower_timeout,
-                         compile_timeout=args.compile_timeout, join_timeout=args.join_timeout)
+    channel = PlanServer(host, plan_port, args.num_processes, config_to_dict(config), secret=secret,
+                         timeout=args.follower_timeout, compile_timeout=args.compile_timeout,
+                         join_timeout=args.join_timeout)
     executor = BroadcastExecutor(JaxExecutor(config), channel)
     # After the executor joined jax.distributed: exit handlers run last-registered first, so the
     # followers are told to stop before jax.distributed's shutdown waits for them at its barrier.
@@ -89,8 +96,10 @@ def follow(args: argparse.Namespace, engine_args: dict) -> int:
     process 0 went away or a step failed here; raises ValueError / OSError (exit 2) at start-up."""
     config = _config(args, engine_args)
     host, plan_port = _plan_address(args)
+    secret = plan_secret(args.plan_secret_file)
     try:
-        channel = PlanClient(host, plan_port, args.process_id, config_to_dict(config), join_timeout=args.join_timeout)
+        channel = PlanClient(host, plan_port, args.process_id, config_to_dict(config), secret=secret,
+                             join_timeout=args.join_timeout)
     except ConnectionError as exc:
         raise ConnectionError(f"--coordinator-address {args.coordinator_address}: {exc}") from None
     try:

@@ -163,9 +163,8 @@ class JaxExecutor:
         """Applies offloads, swap-outs, swap-ins and copy-on-write, runs the step and samples on device."""
         # Host-side inputs first: if a request's sampling settings cannot become device arrays, this
         # raises before any state changed, and the engine can fail that request and run the plan again.
-        if plan.sampling is not None:
-            plan.sampling.batch  # noqa: B018 (built and cached for `collect`)
-        return self.collect(self.launch(plan))
+        batch = None if plan.sampling is None else plan.sampling.batch
+        return self._finish(self.launch(plan), batch)
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Applies the block operations and dispatches the model step; its logits stay on device and
@@ -192,8 +191,12 @@ class JaxExecutor:
     def collect(self, pending: PendingStep) -> ModelOutput:
         """Samples the plan's rows (as they are now) on device and reduces its prompt rows to prompt
         log-probabilities; only tokens and log-probabilities come back."""
+        rows = pending.plan.sampling
+        return self._finish(pending, None if rows is None else rows.batch)
+
+    def _finish(self, pending: PendingStep, batch: SamplingBatch | None) -> ModelOutput:
+        """`collect` with the sample rows' arrays already built (`batch`, None when nobody samples)."""
         plan, logits = pending.plan, pending.handle
-        rows = plan.sampling
         prompt_result = None
         if logits is not None and plan.prompt_rows is not None:
             num_seqs = len(plan.context_lens)
@@ -203,8 +206,8 @@ class JaxExecutor:
                                 if k else 0))
             logits = logits[:num_seqs]  # [S, V]: what the sampler sees, as without prompt rows
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
-        if logits is not None and rows is not None:
-            sampled = self.sample(logits, rows.batch)
+        if logits is not None and batch is not None:
+            sampled = self.sample(logits, batch)
             output = ModelOutput(token_ids=sampled.token_ids, logprobs=sampled.logprobs, top_ids=sampled.top_ids,
                                  top_logprobs=sampled.top_logprobs, duration=0.0)
         elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample

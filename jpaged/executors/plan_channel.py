@@ -1,10 +1,10 @@
 """The plan channel: a TCP connection from process 0 to each follower, beside jax.distributed.
 
-Process 0 (`PlanServer`) listens; each follower (`PlanClient`) connects, says who it is and sends its
-engine config; process 0 compares every field with its own and refuses a follower whose config
-differs, naming the field. Then, for every step, process 0 sends the encoded StepPlan
-(jpaged.executors.plan_wire) to every follower, in order, and each follower answers with an ack once
-it ran the step. Followers also send a heartbeat every `timeout / 4` seconds from a thread of their own.
+Process 0 (`PlanServer`) listens; each follower (`PlanClient`) connects, proves it holds the run's
+secret (Authentication, below), says who it is and sends its engine config; process 0 compares
+every field with its own and refuses a follower whose config differs, naming the field. Then, for
+every step, process 0 sends the encoded StepPlan (jpaged.executors.plan_wire) to every follower, in
+order, and each follower answers with an ack once it ran the step. Followers also send a heartbeat every `timeout / 4` seconds from a thread of their own.
 
 Why a socket and not a JAX collective (docs/notes/parallel.md has the per-step costs): a plan
 changes size every step, so a collective broadcast needs its length first and a padded buffer after
@@ -22,24 +22,67 @@ stopped follower is still found within `timeout` then. The first loss is recorde
 waits on the dead follower may be stuck in a collective that never returns, so the callbacks cannot
 wait for it. Every later `send_plan` raises the same error.
 
-Frames: 1 byte kind, 8 bytes length (big-endian), then the payload.
+Authentication: a connection proves it holds the run's shared secret before anything else crosses
+it. Process 0 sends a CHALLENGE (its random nonce); the follower answers AUTH (its own nonce and
+HMAC-SHA256(secret, follower label, both nonces)); process 0 checks it (hmac.compare_digest) and
+answers PROOF (the same HMAC under the leader's label), which the follower checks in turn: each side
+knows the other holds the secret, and the labels keep either proof from being reflected back. Only
+then does the follower send its HELLO (process id and config), and from then on every frame in
+either direction carries an HMAC-SHA256 tag over its direction's frame count, kind and payload,
+keyed by a per-connection key derived from the secret and both nonces: plans, acks, heartbeats and
+error reports are bound to the authenticated connection (a frame injected, altered, replayed or
+dropped on the path fails the check and breaks the connection). Nothing is encrypted: an observer on
+the path reads the plans (token ids); use a private network or a tunnel where that matters.
+
+Process 0 runs each connection's handshake in its own thread with a deadline of its own
+(`handshake_timeout`), so a connection that fails the handshake, sends garbage, names a bad or taken
+process id, sends a different config, or starts a hello and never finishes it is logged and
+dropped (a real follower learns why) while the join keeps waiting for the real followers; the
+refusals are named in the TimeoutError when they never come. The listener binds the coordinator's
+address only.
+
+The secret (`plan_secret`): `--plan-secret-file` or $JPAGED_PLAN_SECRET, at least 16 bytes, the same
+on every process; a multi-process run without one is refused at start-up, whatever its address.
+No secret is generated for a run on one host: `jpaged serve` processes start independently, so
+there is no channel to hand a generated secret over before the plan channel itself, and a loopback
+port is open to every local user. The followers' whole trust rests on this secret: whoever holds it
+can join as a follower (and read every plan) or lead the followers.
+
+Frames: 1 byte kind, 8 bytes length (big-endian), then the payload (then, once authenticated, the
+32-byte tag, counted in the length).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import os
+import queue
+import secrets
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-HELLO, WELCOME, REFUSE, PLAN, STOP, ACK, HEARTBEAT, ERROR = range(8)
+HELLO, WELCOME, REFUSE, PLAN, STOP, ACK, HEARTBEAT, ERROR, CHALLENGE, AUTH, PROOF = range(11)
 _FRAME = struct.Struct("!BQ")
 _STEP = struct.Struct("!Q")
+SECRET_ENV = "JPAGED_PLAN_SECRET"
+MIN_SECRET_BYTES = 16
+_NONCE_BYTES = 32
+_TAG_BYTES = hashlib.sha256().digest_size  # 32
+# Labels of the four values derived from the secret and a connection's two nonces: one proof per
+# side, one frame key per direction.
+_FOLLOWER_PROOF, _LEADER_PROOF = b"jpaged plan: follower proof", b"jpaged plan: leader proof"
+_TO_LEADER, _TO_FOLLOWER = b"jpaged plan: follower to leader", b"jpaged plan: leader to follower"
+_MAX_HANDSHAKES = 64  # connections in their handshake at once; more are dropped at once
+_ACCEPT_POLL_S = 0.05  # how often the join loop looks at finished handshakes between accepts
 _IGNORED_FIELDS = ("model.process_id",)  # the only field that differs between the processes of one run
 
 
@@ -55,12 +98,19 @@ def send_frame(sock: socket.socket, kind: int, *buffers: bytes | memoryview) -> 
         sock.sendall(buffer)
 
 
-def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None = None) -> bytearray:
+def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None = None,
+                deadline: float | None = None) -> bytearray:
     """Exactly `size` bytes; ConnectionError on EOF. With `closing`, a socket timeout only means
-    "nothing yet" and the read goes on until the event is set (the watchdog judges silence)."""
+    "nothing yet" and the read goes on until the event is set (the watchdog judges silence). With
+    `deadline` (time.monotonic()), TimeoutError once it passes, however the bytes trickle in."""
     data = bytearray(size)
     view, got = memoryview(data), 0
     while got < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{got} of {size} bytes by the deadline")
+            sock.settimeout(left)
         try:
             n = sock.recv_into(view[got:])
         except TimeoutError:
@@ -73,12 +123,82 @@ def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None 
     return data
 
 
-def recv_frame(sock: socket.socket, closing: threading.Event | None = None, limit: int = 2**30) -> tuple[int, bytearray]:
-    """One frame: (kind, payload); ValueError for a payload over `limit` bytes (not one of ours)."""
-    kind, size = _FRAME.unpack(_recv_exact(sock, _FRAME.size, closing))
+def recv_frame(sock: socket.socket, closing: threading.Event | None = None, limit: int = 2**30,
+               deadline: float | None = None) -> tuple[int, bytearray]:
+    """One frame: (kind, payload); ValueError for a payload over `limit` bytes (not one of ours).
+    `closing` and `deadline` as in `_recv_exact`."""
+    kind, size = _FRAME.unpack(_recv_exact(sock, _FRAME.size, closing, deadline))
     if size > limit:
         raise ValueError(f"a frame of {size} bytes, more than the {limit} allowed")
-    return kind, _recv_exact(sock, size, closing)
+    return kind, _recv_exact(sock, size, closing, deadline)
+
+
+def plan_secret(path: str | None) -> bytes:
+    """The plan channel's shared secret: the contents of `path` (--plan-secret-file), else
+    $JPAGED_PLAN_SECRET, without surrounding whitespace. ValueError naming both when neither is set
+    or the secret is shorter than MIN_SECRET_BYTES; OSError naming the flag when the file cannot be read."""
+    if path is not None:
+        try:
+            secret, source = Path(path).read_bytes().strip(), f"--plan-secret-file {path}"
+        except OSError as exc:
+            raise OSError(f"--plan-secret-file: cannot read {path}: {exc.strerror or exc}") from None
+    elif SECRET_ENV in os.environ:
+        secret, source = os.environ[SECRET_ENV].encode().strip(), f"${SECRET_ENV}"
+    else:
+        raise ValueError(f"a multi-process run needs the plan channel's shared secret, the same on every process: "
+                         f"--plan-secret-file PATH or ${SECRET_ENV} (at least {MIN_SECRET_BYTES} bytes; e.g. "
+                         f"python -c 'import secrets; print(secrets.token_hex(32))')")
+    check_secret(secret, source)
+    return secret
+
+
+def check_secret(secret: bytes, source: str = "secret") -> None:
+    """ValueError (naming `source`) unless `secret` is bytes of at least MIN_SECRET_BYTES."""
+    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+        got = f"{len(secret)} bytes" if isinstance(secret, bytes) else type(secret).__name__
+        raise ValueError(f"{source}: the plan secret must be at least {MIN_SECRET_BYTES} bytes, got {got}")
+
+
+def _derive(secret: bytes, label: bytes, leader_nonce: bytes, follower_nonce: bytes) -> bytes:
+    """HMAC-SHA256 of one label and a connection's nonces (fixed sizes: the concatenation is unambiguous)."""
+    return hmac.new(secret, label + leader_nonce + follower_nonce, hashlib.sha256).digest()
+
+
+class _Link:
+    """One authenticated connection: every frame gets an HMAC-SHA256 tag over its direction's frame
+    count, kind and payload. Senders serialise their sends (the count is part of the tag); one
+    thread receives."""
+
+    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes):
+        self.sock = sock
+        self._send_key, self._recv_key = send_key, recv_key
+        self._sent = self._received = 0
+
+    def _tag(self, key: bytes, count: int, kind: int, buffers) -> bytes:
+        mac = hmac.new(key, _STEP.pack(count) + bytes([kind]), hashlib.sha256)
+        for buffer in buffers:
+            mac.update(buffer)
+        return mac.digest()
+
+    def send(self, kind: int, *buffers: bytes | memoryview) -> None:
+        """One frame, tagged."""
+        tag = self._tag(self._send_key, self._sent, kind, buffers)
+        self._sent += 1
+        send_frame(self.sock, kind, *buffers, tag)
+
+    def recv(self, closing: threading.Event | None = None, limit: int = 2**30,
+             deadline: float | None = None) -> tuple[int, bytearray]:
+        """One frame whose tag checks out: (kind, payload); ConnectionError for one that does not
+        (altered, injected, replayed or out of order). Arguments as in `recv_frame`."""
+        kind, data = recv_frame(self.sock, closing, limit + _TAG_BYTES, deadline)
+        if len(data) < _TAG_BYTES:
+            raise ConnectionError(f"frame {self._received} has no authentication tag")
+        tag = bytes(data[-_TAG_BYTES:])
+        del data[-_TAG_BYTES:]
+        if not hmac.compare_digest(tag, self._tag(self._recv_key, self._received, kind, (data,))):
+            raise ConnectionError(f"frame {self._received} failed its authentication check")
+        self._received += 1
+        return kind, data
 
 
 def config_mismatch(ours: dict, theirs: dict, prefix: str = "") -> str | None:
@@ -104,25 +224,39 @@ def _json(payload: bytearray) -> dict:
     return json.loads(bytes(payload))
 
 
+def _drop(sock: socket.socket) -> None:
+    """Closes `sock`, waking a thread blocked reading it (close alone does not, on Linux)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 class PlanServer:
     """Process 0's end: accepts the followers, sends them every plan, watches that they keep up."""
 
-    def __init__(self, host: str, port: int, num_processes: int, config: dict, *, timeout: float,
-                 compile_timeout: float, join_timeout: float):
-        """Listens on host:port and returns once the `num_processes - 1` followers joined.
+    def __init__(self, host: str, port: int, num_processes: int, config: dict, *, secret: bytes, timeout: float,
+                 compile_timeout: float, join_timeout: float, handshake_timeout: float = 10.0):
+        """Listens on host:port (that address only) and returns once the `num_processes - 1` followers joined.
 
-        `config`: this process's engine config as a JSON-ready dict; a follower whose config differs
-        is refused (it learns the field) and ValueError names the field here too. TimeoutError
-        names the missing process ids when they have not all joined within `join_timeout` seconds.
-        `timeout`: seconds of follower silence, or of an unacknowledged step, that count as a loss;
-        `compile_timeout` replaces it for a step sent with `may_compile`.
+        `secret`: the run's shared secret (`plan_secret`); a connection that does not prove it holds
+        it is dropped. `config`: this process's engine config as a JSON-ready dict; a follower whose
+        config differs, or whose process id is out of range or taken, is refused (it learns why) and
+        dropped, and the join waits on. TimeoutError names the missing process ids, and the last
+        refusals, when they have not all joined within `join_timeout` seconds. Each connection has
+        `handshake_timeout` seconds to prove the secret and say hello. `timeout`: seconds of
+        follower silence, or of an unacknowledged step, that count as a loss; `compile_timeout`
+        replaces it for a step sent with `may_compile`.
         """
-        if not timeout > 0 or not compile_timeout > 0 or not join_timeout > 0:
-            raise ValueError(f"follower, compile and join timeouts must be > 0 seconds, got {timeout}, "
-                             f"{compile_timeout} and {join_timeout}")
+        if not timeout > 0 or not compile_timeout > 0 or not join_timeout > 0 or not handshake_timeout > 0:
+            raise ValueError(f"follower, compile, join and handshake timeouts must be > 0 seconds, got {timeout}, "
+                             f"{compile_timeout}, {join_timeout} and {handshake_timeout}")
+        check_secret(secret)
         self.timeout, self.compile_timeout = timeout, compile_timeout
         self.error: FollowerLost | None = None
         self.on_failure: list[Callable[[FollowerLost], None]] = []
+        self._secret, self._handshake_timeout = secret, handshake_timeout
         self._config = json.loads(json.dumps(config, default=str))  # as the followers' copies arrive: through JSON
         self._lock = threading.Lock()  # sends (the engine thread) against close (the main thread)
         self._fail_lock = threading.Lock()  # the reader threads and the watchdog may find a loss at once
@@ -130,63 +264,140 @@ class PlanServer:
         self._stopping = threading.Event()  # close() has told the followers to stop
         self._step = 0
         self._deadline: dict[int, tuple[float, float]] = {}  # step -> (sent at, seconds allowed), until all acked
-        self._followers: dict[int, socket.socket] = {}
+        self._followers: dict[int, _Link] = {}
         self._acked: dict[int, int] = {}
         self._heard: dict[int, float] = {}
         listener = socket.create_server((host, port), reuse_port=False)
         try:
             self._accept(listener, num_processes, join_timeout)
         except BaseException:
-            for sock in self._followers.values():
-                sock.close()
+            for link in self._followers.values():
+                link.sock.close()
             raise
         finally:
             listener.close()
         welcome = json.dumps({"heartbeat_interval": timeout / 4}).encode()
-        for sock in self._followers.values():
-            sock.settimeout(timeout)  # a send to a follower that stopped reading fails within the bound
-            send_frame(sock, WELCOME, welcome)
+        for link in self._followers.values():
+            link.sock.settimeout(timeout)  # a send to a follower that stopped reading fails within the bound
+            link.send(WELCOME, welcome)
         now = time.monotonic()
-        for rank, sock in self._followers.items():
+        for rank, link in self._followers.items():
             self._acked[rank], self._heard[rank] = 0, now
-            threading.Thread(target=self._read, args=(rank, sock), name=f"jpaged-follower-{rank}", daemon=True).start()
+            threading.Thread(target=self._read, args=(rank, link), name=f"jpaged-follower-{rank}", daemon=True).start()
         threading.Thread(target=self._watch, name="jpaged-follower-watchdog", daemon=True).start()
 
     def _accept(self, listener: socket.socket, num_processes: int, join_timeout: float) -> None:
+        """Accepts connections until every follower joined: each one's handshake runs in a thread of
+        its own (`_greet`), and this loop admits or refuses those that said hello (`_admit`)."""
         deadline = time.monotonic() + join_timeout
-        while len(self._followers) < num_processes - 1:
-            listener.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                sock, peer = listener.accept()
-            except TimeoutError:
-                missing = sorted(set(range(1, num_processes)) - set(self._followers))
-                raise TimeoutError(f"processes {missing} did not join within {join_timeout} s "
-                                   f"(--join-timeout); started with the same --coordinator-address?") from None
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        greeted: queue.Queue[tuple[_Link, object, object]] = queue.Queue()  # (link, peer, hello)
+        pending: set[socket.socket] = set()  # connections still in their handshake
+        pending_lock = threading.Lock()
+        refusals: dict[str, object] = {}  # why -> the peer refused last for it (for the timeout's message)
+        listener.settimeout(_ACCEPT_POLL_S)
+        try:
+            while len(self._followers) < num_processes - 1:
+                if time.monotonic() >= deadline:
+                    missing = sorted(set(range(1, num_processes)) - set(self._followers))
+                    refused = "".join(f"; refused {peer}: {why}" for why, peer in list(refusals.items())[-3:])
+                    raise TimeoutError(f"processes {missing} did not join within {join_timeout} s (--join-timeout); "
+                                       f"started with the same --coordinator-address?{refused}")
+                try:
+                    sock, peer = listener.accept()
+                except TimeoutError:
+                    pass
+                else:
+                    with pending_lock:
+                        crowded = len(pending) >= _MAX_HANDSHAKES
+                        if not crowded:
+                            pending.add(sock)
+                    if crowded:
+                        logger.warning("plan channel: dropped a connection from %s: %d others are in their "
+                                       "handshake", peer, _MAX_HANDSHAKES)
+                        sock.close()
+                    else:
+                        threading.Thread(target=self._greet, args=(sock, peer, greeted, pending, pending_lock),
+                                         name="jpaged-plan-handshake", daemon=True).start()
+                while not greeted.empty():
+                    link, peer, hello = greeted.get()
+                    why = self._admit(link, peer, hello, num_processes)
+                    if why is not None:
+                        refusals.pop(why, None)
+                        refusals[why] = peer
+        finally:
+            with pending_lock:  # handshakes still running: their threads end on the closed socket
+                for sock in pending:
+                    _drop(sock)
+                pending.clear()
+            while not greeted.empty():
+                _drop(greeted.get()[0].sock)
+
+    def _greet(self, sock: socket.socket, peer, greeted: queue.Queue, pending: set[socket.socket],
+               pending_lock: threading.Lock) -> None:
+        """One connection's handshake (its own thread): challenge, check its proof, prove ours, read
+        its hello, all within `handshake_timeout`; then hands (link, peer, hello) to the join loop.
+        A connection that fails is logged and dropped."""
+        deadline = time.monotonic() + self._handshake_timeout
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                kind, payload = recv_frame(sock, limit=2**24)  # a config, from whoever connected
-                hello = _json(payload) if kind == HELLO else None
-            except (OSError, ValueError) as exc:
-                hello = exc
-            if not isinstance(hello, dict):
-                logger.warning("ignoring a connection from %s that did not say hello: %s", peer, hello)
-                sock.close()
-                continue
-            rank, problem = hello.get("process_id"), None
-            if not isinstance(rank, int) or not 1 <= rank < num_processes:
-                problem = f"model.process_id: must be in [1, {num_processes}) for a follower, got {rank!r}"
-            elif rank in self._followers:
-                problem = f"model.process_id: {rank} joined twice"
-            else:
-                mismatch = config_mismatch(self._config, hello.get("config", {}))
-                problem = f"config mismatch between process 0 and process {rank}: {mismatch}" if mismatch else None
-            if problem:
-                send_frame(sock, REFUSE, json.dumps({"error": problem}).encode())
-                sock.close()
-                raise ValueError(problem)
-            self._followers[rank] = sock
+            ours = secrets.token_bytes(_NONCE_BYTES)
+            sock.settimeout(self._handshake_timeout)
+            send_frame(sock, CHALLENGE, ours)
+            kind, payload = recv_frame(sock, limit=_NONCE_BYTES + _TAG_BYTES, deadline=deadline)
+            if kind != AUTH or len(payload) != _NONCE_BYTES + _TAG_BYTES:
+                raise ConnectionError(f"it answered the challenge with frame kind {kind} of {len(payload)} bytes")
+            theirs, proof = bytes(payload[:_NONCE_BYTES]), bytes(payload[_NONCE_BYTES:])
+            if not hmac.compare_digest(proof, _derive(self._secret, _FOLLOWER_PROOF, ours, theirs)):
+                send_frame(sock, REFUSE, json.dumps({"error": "the plan secret differs from process 0's "
+                                                              f"(--plan-secret-file / ${SECRET_ENV})"}).encode())
+                raise ConnectionError("its proof of the plan secret is wrong")
+            send_frame(sock, PROOF, _derive(self._secret, _LEADER_PROOF, ours, theirs))
+            link = _Link(sock, send_key=_derive(self._secret, _TO_FOLLOWER, ours, theirs),
+                         recv_key=_derive(self._secret, _TO_LEADER, ours, theirs))
+            kind, payload = link.recv(limit=2**24, deadline=deadline)  # a config
+            if kind != HELLO:
+                raise ConnectionError(f"it sent frame kind {kind}, not a hello")
+            hello = _json(payload)
+        except (OSError, ValueError) as exc:  # (a JSON error is a ValueError)
+            with pending_lock:
+                mine = sock in pending
+                pending.discard(sock)
+            if mine:  # (else the join is over and dropped it)
+                logger.warning("plan channel: dropped a connection from %s that failed the handshake: %s", peer,
+                               exc if str(exc) else type(exc).__name__)
+                _drop(sock)
+            return
+        with pending_lock:
+            mine = sock in pending
+            pending.discard(sock)
+            if mine:
+                greeted.put((link, peer, hello))
+
+    def _admit(self, link: _Link, peer, hello, num_processes: int) -> str | None:
+        """Takes an authenticated connection's hello as a follower, or refuses it (it learns why),
+        logs and drops it: returns why, or None once it joined."""
+        rank = hello.get("process_id") if isinstance(hello, dict) else None
+        if not isinstance(hello, dict):
+            problem = f"its hello is not a JSON object: {hello!r:.100}"
+        elif not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank < num_processes:
+            problem = f"model.process_id: must be in [1, {num_processes}) for a follower, got {rank!r:.100}"
+        elif rank in self._followers:
+            problem = f"model.process_id: {rank} joined already"
+        else:
+            theirs = hello.get("config")
+            mismatch = config_mismatch(self._config, theirs if isinstance(theirs, dict) else {})
+            problem = f"config mismatch between process 0 and process {rank}: {mismatch}" if mismatch else None
+        if problem is None:
+            self._followers[rank] = link
             logger.info("process %d joined from %s", rank, peer)
+            return None
+        logger.warning("plan channel: refused %s: %s", peer, problem)
+        try:
+            link.send(REFUSE, json.dumps({"error": problem}).encode())
+        except OSError:
+            pass
+        _drop(link.sock)
+        return problem
 
     def send_plan(self, buffers: list[bytes | memoryview], may_compile: bool = False) -> None:
         """Sends one step's encoded plan to every follower, in order; FollowerLost once one is lost.
@@ -197,9 +408,9 @@ class PlanServer:
         with self._lock:
             self._step += 1
             self._deadline[self._step] = (time.monotonic(), self.compile_timeout if may_compile else self.timeout)
-            for rank, sock in self._followers.items():
+            for rank, link in self._followers.items():
                 try:
-                    send_frame(sock, PLAN, *buffers)
+                    link.send(PLAN, *buffers)
                 except OSError as exc:
                     self._fail(rank, f"sending step {self._step} failed: {exc!r}")
                     raise self.error from exc
@@ -210,9 +421,9 @@ class PlanServer:
         reset a follower's last ack, and it would fail instead of stopping."""
         self._stopping.set()  # from now on a follower that hangs up is stopping, not lost
         with self._lock:
-            for sock in self._followers.values():
+            for link in self._followers.values():
                 try:
-                    send_frame(sock, STOP)
+                    link.send(STOP)
                 except OSError:
                     pass
         deadline = time.monotonic() + min(self.timeout, 10.0)
@@ -220,8 +431,8 @@ class PlanServer:
             time.sleep(0.005)
         self._closing.set()
         with self._lock:
-            for sock in self._followers.values():
-                sock.close()
+            for link in self._followers.values():
+                link.sock.close()
 
     def _fail(self, rank: int, why: str) -> None:
         """Records the first loss and tells the callbacks (later ones are logged only)."""
@@ -237,11 +448,11 @@ class PlanServer:
             for callback in self.on_failure:
                 callback(error)
 
-    def _read(self, rank: int, sock: socket.socket) -> None:
+    def _read(self, rank: int, link: _Link) -> None:
         """Acks, heartbeats and errors from one follower, until it or this side closes."""
         try:
             while True:
-                kind, payload = recv_frame(sock, self._closing)
+                kind, payload = link.recv(self._closing)
                 self._heard[rank] = time.monotonic()
                 if kind == ACK:
                     self._acked[rank] = _STEP.unpack(payload)[0]
@@ -272,12 +483,15 @@ class PlanServer:
 class PlanClient:
     """A follower's end: joins process 0, yields its plans, acknowledges each step, sends heartbeats."""
 
-    def __init__(self, host: str, port: int, process_id: int, config: dict, *, join_timeout: float):
-        """Connects (retrying while process 0 is not listening yet) and joins.
+    def __init__(self, host: str, port: int, process_id: int, config: dict, *, secret: bytes, join_timeout: float):
+        """Connects (retrying while process 0 is not listening yet), proves it holds `secret`, checks
+        that process 0 does too, and only then sends its process id and config and joins.
 
         ConnectionError names host:port when nothing answers within `join_timeout` seconds;
-        ValueError carries process 0's refusal (a config field that differs, a process id in use).
+        ValueError carries process 0's refusal (the secret, a config field that differs, a process
+        id in use) or says that the other side did not prove it holds the secret.
         """
+        check_secret(secret)
         deadline = time.monotonic() + join_timeout
         while True:
             try:
@@ -288,23 +502,47 @@ class PlanClient:
                     raise ConnectionError(f"cannot reach the coordinator's plan channel at {host}:{port} within "
                                           f"{join_timeout} s (--join-timeout): {exc}") from None
                 time.sleep(0.2)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()  # acks (main thread) against heartbeats (their thread)
         self._closing = threading.Event()
-        send_frame(self._sock, HELLO, json.dumps({"process_id": process_id, "config": config}, default=str).encode())
-        self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
-            kind, payload = recv_frame(self._sock)
-        except TimeoutError:
-            raise ConnectionError(f"the coordinator at {host}:{port} did not answer within {join_timeout} s "
-                                  f"(--join-timeout): not all processes joined?") from None
-        if kind == REFUSE:
-            raise ValueError(_json(payload)["error"])
-        if kind != WELCOME:
-            raise ConnectionError(f"the coordinator at {host}:{port} answered with frame kind {kind}, not WELCOME")
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._link = self._authenticate(secret, f"{host}:{port}", deadline)
+            self._link.send(HELLO, json.dumps({"process_id": process_id, "config": config}, default=str).encode())
+            try:
+                kind, payload = self._link.recv(deadline=deadline)
+            except TimeoutError:
+                raise ConnectionError(f"the coordinator at {host}:{port} did not answer within {join_timeout} s "
+                                      f"(--join-timeout): not all processes joined?") from None
+            if kind == REFUSE:
+                raise ValueError(_json(payload)["error"])
+            if kind != WELCOME:
+                raise ConnectionError(f"the coordinator at {host}:{port} answered with frame kind {kind}, not WELCOME")
+        except BaseException:
+            self._sock.close()
+            raise
         self._sock.settimeout(None)  # a follower waits for plans as long as process 0 lives
         interval = _json(payload)["heartbeat_interval"]
         threading.Thread(target=self._beat, args=(interval,), name="jpaged-heartbeat", daemon=True).start()
+
+    def _authenticate(self, secret: bytes, address: str, deadline: float) -> _Link:
+        """The follower's half of the handshake: answers process 0's challenge with its own nonce
+        and proof, checks process 0's proof; the link keyed for this connection."""
+        try:
+            kind, payload = recv_frame(self._sock, limit=_NONCE_BYTES, deadline=deadline)
+        except TimeoutError:
+            raise ConnectionError(f"the process at {address} sent no challenge: not a jpaged plan channel?") from None
+        if kind != CHALLENGE or len(payload) != _NONCE_BYTES:
+            raise ConnectionError(f"the process at {address} is not a jpaged plan channel (it sent frame kind {kind})")
+        theirs, ours = bytes(payload), secrets.token_bytes(_NONCE_BYTES)
+        send_frame(self._sock, AUTH, ours, _derive(secret, _FOLLOWER_PROOF, theirs, ours))
+        kind, payload = recv_frame(self._sock, limit=2**16, deadline=deadline)
+        if kind == REFUSE:
+            raise ValueError(_json(payload)["error"])
+        if kind != PROOF or not hmac.compare_digest(bytes(payload), _derive(secret, _LEADER_PROOF, theirs, ours)):
+            raise ValueError(f"the process at {address} did not prove it holds the plan secret: not process 0, "
+                             f"or its secret differs (--plan-secret-file / ${SECRET_ENV})")
+        return _Link(self._sock, send_key=_derive(secret, _TO_LEADER, theirs, ours),
+                     recv_key=_derive(secret, _TO_FOLLOWER, theirs, ours))
 
     def plans(self) -> Iterator[bytearray]:
         """Each step's encoded plan, in order, until process 0 says stop.
@@ -313,9 +551,9 @@ class PlanClient:
         """
         while True:
             try:
-                kind, payload = recv_frame(self._sock)
+                kind, payload = self._link.recv()
             except OSError as exc:
-                raise ConnectionError(f"process 0 closed the plan channel without a stop ({exc})") from None
+                raise ConnectionError(f"the plan channel from process 0 broke without a stop ({exc})") from None
             if kind == STOP:
                 return
             if kind != PLAN:
@@ -325,13 +563,13 @@ class PlanClient:
     def ack(self, step: int) -> None:
         """Tells process 0 that step `step` (counted from 1) ran here."""
         with self._lock:
-            send_frame(self._sock, ACK, _STEP.pack(step))
+            self._link.send(ACK, _STEP.pack(step))
 
     def report(self, error: BaseException) -> None:
         """Tells process 0 why this follower stops (best effort: the connection may be gone)."""
         try:
             with self._lock:
-                send_frame(self._sock, ERROR, json.dumps({"error": repr(error)}).encode())
+                self._link.send(ERROR, json.dumps({"error": repr(error)}).encode())
         except OSError:
             pass
 
@@ -344,6 +582,6 @@ class PlanClient:
         while not self._closing.wait(interval):
             try:
                 with self._lock:
-                    send_frame(self._sock, HEARTBEAT)
+                    self._link.send(HEARTBEAT)
             except OSError:
                 return

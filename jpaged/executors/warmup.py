@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -174,10 +175,17 @@ def _block_plan(op: BlockOp) -> StepPlan:
     return StepPlan.block_ops_only(**{name: pairs})
 
 
-def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool = True) -> dict:
+class WarmUpStopped(Exception):
+    """`compile_grid` was told to stop (the server is shutting down) before the grid was compiled."""
+
+
+def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool = True,
+                 stop: threading.Event | None = None) -> dict:
     """Compiles every program of `grid(config, executor.vocab_size)` by running it once on padding,
     with a progress bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}.
-    Call it before the engine's first step, never while one runs (it uses the executor's pool)."""
+    Call it before the engine's first step, never while one runs (it uses the executor's pool).
+    `stop` is checked before each program (a compilation itself cannot be interrupted): once set,
+    WarmUpStopped is raised, so a shutdown waits for one program at most, not the grid."""
     vocab = executor.vocab_size
     programs = grid(config, vocab)
     steps = [p for p in programs if isinstance(p, ModelStep)]
@@ -185,21 +193,35 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
     start, cpu = time.perf_counter(), time.process_time()
     logits: dict[int, jax.Array] = {}  # the logits of the last step compiled per S
     bar = tqdm(total=len(programs), desc="compile", unit="program", disable=not progress)
+
+    done = 0  # programs compiled (the bar counts nothing when disabled)
+
+    def next_program(program: Program) -> None:
+        if stop is not None and stop.is_set():
+            bar.close()
+            # logged here: the caller may be gone already (a server's shutdown cancels its wait)
+            log.info("warm-up stopped after %d of %d programs", done, len(programs))
+            raise WarmUpStopped(f"warm-up stopped after {done} of {len(programs)} programs")
+        bar.set_postfix_str(_describe(program), refresh=False)
+
     for step in steps:
-        bar.set_postfix_str(_describe(step), refresh=False)
+        next_program(step)
         logits[step.num_seqs] = executor.run_model(padding_plan(step))
+        done += 1
         bar.update()
     seen: set[SamplerProgram] = set()
     for size, batch in sampler_batches(config, sorted(logits), vocab):
         new = [p for p in sampling.programs_of(batch, size, vocab) if p not in seen]
         if new:  # (a batch of programs all run already is skipped)
-            bar.set_postfix_str(_describe(new[0]), refresh=False)
+            next_program(new[0])
             executor.sample(logits[size], batch)
             seen.update(new)
+            done += len(new)
             bar.update(len(new))
     for op in ops:
-        bar.set_postfix_str(_describe(op), refresh=False)
+        next_program(op)
         executor.execute(_block_plan(op))
+        done += 1
         bar.update()
     jax.block_until_ready(executor.kv_pool)
     bar.close()

@@ -82,6 +82,7 @@ def read_metadata(path: str | Path) -> dict:
     """The JSON metadata of a checkpoint written by `save_params` (spec, dtype, and extras), checked:
     ValueError naming the key and the checkpoint when it is missing, malformed or out of range."""
     path = Path(path).absolute()
+    _check_metadata_file(path / "metadata" / "metadata")
     try:
         meta = _checkpointer().restore(path, ocp.args.Composite(metadata=ocp.args.JsonRestore())).metadata
     except Exception as exc:  # orbax raises many kinds (missing dir, no metadata item, bad JSON)
@@ -95,6 +96,19 @@ def read_metadata(path: str | Path) -> dict:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: metadata spec: {exc}") from None
     return meta
+
+
+def _check_metadata_file(file: Path) -> None:
+    """ValueError naming `file` when a checkpoint has its metadata file (where save_params writes it)
+    but the file cannot be read as JSON: the checkpoint is damaged, not foreign, and orbax's own
+    error would say neither which file nor why."""
+    if not file.is_file():
+        return  # no such file: orbax's restore says the folder is not a checkpoint
+    try:
+        json.loads(file.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file}: the checkpoint's metadata file is unreadable "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def restore_params(path: str | Path, *, mesh: Mesh | None = None, dtype: Any = None,

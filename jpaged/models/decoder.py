@@ -181,11 +181,6 @@ def param_shapes(spec: ModelSpec, dtype: Any = jnp.float32) -> Params:
     return nnx.to_pure_dict(abstract_model(spec, dtype)[1])
 
 
-def param_axes(spec: ModelSpec) -> Params:
-    """Every parameter's logical axis names, e.g. ("layers", "embed", "q_heads"), as a pure dict."""
-    return nnx.to_pure_dict(abstract_model(spec)[1], extract_fn=lambda v: v.get_metadata()["out_sharding"])
-
-
 def params_dtype(params: Params) -> jnp.dtype:
     """The dtype of a parameter tree (one dtype throughout, as `init_params` and the loaders make)."""
     return jnp.dtype(jax.tree_util.tree_leaves(params)[0].dtype)

@@ -48,11 +48,6 @@ def init_kv_pool(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any =
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def kv_pool_bytes(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any = jnp.float32) -> int:
-    """Bytes the pool of `num_blocks` blocks occupies (K and V together)."""
-    return num_blocks * block_size * spec.kv_bytes_per_token(dtype)
-
-
 def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int) -> int:
     """Blocks of `block_bytes` that fit in `budget_bytes` (0 for a budget below one block), at most
     MAX_BLOCKS and fewer than 2**31 slots (slot ids are int32). The count includes block 0."""

@@ -29,6 +29,7 @@ may instead give every process the same requests (the scheduler is deterministic
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +51,9 @@ def initialize_distributed(coordinator_address: str, num_processes: int, process
 
     `coordinator_address` is "host:port" of process 0; `process_id` is in [0, num_processes).
     Afterwards `jax.devices()` lists the devices of every host, and `make_mesh` spans them. A
-    process that has already joined keeps its membership (a second call does nothing).
+    process that has already joined keeps its membership (a second call does nothing). Process 0's
+    coordinator service (unauthenticated gRPC) binds `coordinator_address` only, not jax's default
+    of every interface; $JAX_COORDINATOR_BIND_ADDRESS still chooses another.
     """
     if jax.distributed.is_initialized():
         return
@@ -58,8 +61,9 @@ def initialize_distributed(coordinator_address: str, num_processes: int, process
         raise ValueError(f"num_processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+    bind_address = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS", coordinator_address)
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+                               process_id=process_id, coordinator_bind_address=bind_address)
 
 
 def make_mesh(tp: int, devices: list[jax.Device] | None = None) -> Mesh:

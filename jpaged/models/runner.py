@@ -2,7 +2,7 @@
 
 A step's input is a `StepPlan` (jpaged.core.step_plan), whose device arrays
 (`StepPlan.DEVICE_ARRAYS`) go to the jitted step: the scheduler builds plans, benchmarks and tests
-build them with `StepPlan.from_contexts`.
+build them with `experiments.paged_batch.plan_from_contexts`.
 
 The step is a pure function of the model's Flax state (`params`, a pure dict; the module is
 rebuilt with `nnx.merge` while tracing) and of the pool, which goes in donated and comes back.

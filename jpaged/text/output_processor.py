@@ -132,8 +132,11 @@ class OutputProcessor:
             return False
         sample.cumulative_logprob = completion.cumulative_logprob
         stop = None
+        # A stop token id or EOS that ended the sample (its last new token): as in vLLM, the id stays
+        # in token_ids but its text is left out unless include_stop_str_in_output.
+        textless = len(completion.token_ids) - 1 if self._ended_by_stop_token(request.params, completion) else None
         for i, token in enumerate(completion.token_ids):
-            if sample.text is not None:
+            if sample.text is not None and i != textless:
                 stop = sample.text.add_token(token)
             if stop is not None:
                 sample.token_ids += completion.token_ids[: i + 1]
@@ -153,6 +156,14 @@ class OutputProcessor:
             if completion.finish_reason == "stop" and last in request.params.stop_token_ids:
                 sample.stop_reason = last  # vLLM: a stop token id is the reason; EOS is None
         return False
+
+    def _ended_by_stop_token(self, params: SamplingParams, completion: CompletionOutput) -> bool:
+        """True when the engine ended `completion` at a stop token id or EOS whose text is left out
+        (not at a token that completed a structured output's grammar: that one is content)."""
+        if completion.finish_reason != "stop" or not completion.token_ids or params.include_stop_str_in_output:
+            return False
+        last = completion.token_ids[-1]
+        return last in params.stop_token_ids or (not params.ignore_eos and last in self.engine.eos_token_ids)
 
     @staticmethod
     def _add_logprobs(sample: _Sample, completion: CompletionOutput, count: int) -> None:

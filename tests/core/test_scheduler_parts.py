@@ -1,4 +1,4 @@
-"""The scheduler's parts by hand: the running set and its kept batch (running_batch), a recomputed
+"""The scheduler's parts by hand: the running set and its persistent batch (running_set), a recomputed
 group's shares (rejoin), and the held-back memo of admission (admission)."""
 
 from jpaged.config import CacheConfig, SchedulerConfig

@@ -40,7 +40,7 @@ class _Plans(EngineObserver):
 
     def on_step_executed(self, engine, out, result, start, end):
         plan = out.plan
-        if plan.is_empty:
+        if plan.num_seqs == 0:
             return
         rows = plan.prompt_rows
         # The step compiles per padded shape, kind (decode or prefill) and bucket of prompt rows.

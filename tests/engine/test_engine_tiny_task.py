@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.lm.tiny_task import CopyTask, score
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import LLMEngine
 from jpaged.models.checkpoint import read_metadata
-from jpaged.models.tiny_task import CopyTask, score
 
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-copy"
 

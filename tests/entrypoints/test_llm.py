@@ -47,6 +47,25 @@ def test_generation_stops_at_the_models_eos_unless_ignore_eos(llm):
     assert explicit[0].outputs[0].stop_reason == free.token_ids[3]
 
 
+@pytest.mark.parametrize("prompt, stop, extra", [
+    ("import os\n", "newline", {"min_tokens": 20}),  # the stop id after min_tokens
+    ("import os\n", "newline", {}),
+    (EOS_PROMPT, "eos", {"skip_special_tokens": False}),  # EOS's text "<|im_end|>" would show
+])
+def test_a_stop_token_id_or_eos_stays_in_token_ids_but_not_in_text(llm, prompt, stop, extra):
+    tok = llm.get_tokenizer()
+    stop_ids = tok.encode("\n", add_special_tokens=False) if stop == "newline" else []
+    skip = extra.get("skip_special_tokens", True)
+    ids = set(stop_ids) | (set(tok.eos_token_ids) if stop == "eos" else set())
+    for include in (False, True):  # vLLM: include_stop_str_in_output keeps the stop token's text
+        params = SamplingParams(max_tokens=40, stop_token_ids=stop_ids, include_stop_str_in_output=include, **extra)
+        out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+        assert out.finish_reason == "stop" and out.token_ids[-1] in ids
+        assert len(out.token_ids) > extra.get("min_tokens", 0)
+        kept = out.token_ids if include else out.token_ids[:-1]
+        assert out.text == tok.decode(kept, skip_special_tokens=skip), (include, out.text)
+
+
 def test_stop_strings_end_the_sample_in_the_engine(llm):
     tok = llm.get_tokenizer()
     prompt = "def fibonacci(n):"

@@ -16,7 +16,7 @@ from jpaged.entrypoints.engine_args import engine_config
 from jpaged.executors import kv_sizing
 from jpaged.executors.jax import JaxExecutor
 from jpaged.executors.kv_sizing import DeviceMemory, kv_cache_size
-from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes
+from jpaged.models.kv_pool import init_kv_pool
 
 MIB = 2**20
 # tiny-llama: 2 layers x 2 KV heads x 16 dims, float32 on CPU: one 8-token block is 4 KiB (K and V)
@@ -47,7 +47,7 @@ def sized():
 
 def test_formula_matches_the_pool_built(sized):
     config, executor, memory = sized
-    block_bytes = kv_pool_bytes(executor.spec, 1, 8)
+    block_bytes = 8 * executor.spec.kv_bytes_per_token(executor.dtype)
     # The activation peak of the largest step, measured again on a fresh 2-block pool: the step's
     # temporaries do not depend on the pool's size.
     peak = kv_sizing.activation_bytes(executor.runner, config, init_kv_pool(executor.spec, 2, 8, executor.kv_dtype))
@@ -74,7 +74,7 @@ def test_engine_takes_the_sized_count_and_reports_it(sized, caplog):
     assert size.describe() == (f"KV cache: {size.num_blocks} blocks of 8 tokens ({size.bytes / 2**30:.2f} GiB), "
                                f"maximum concurrency for 64 tokens per request: {stats['max_concurrency']:.2f}x")
     with caplog.at_level(logging.INFO, logger="jpaged.executors.jax"):
-        JaxExecutor(_config(kv_cache_memory_bytes=kv_pool_bytes(executor.spec, 20, 8)), memory=_never)
+        JaxExecutor(_config(kv_cache_memory_bytes=20 * 4096), memory=_never)
     assert "KV cache: 20 blocks of 8 tokens (0.00 GiB), maximum concurrency for 64 tokens per request: 2.38x" \
         in caplog.text
 

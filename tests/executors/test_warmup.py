@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -174,3 +175,19 @@ def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike()
         np.testing.assert_array_equal(getattr(sliced, field), getattr(whole, field))
     for field in ("logprobs", "top_logprobs"):  # (another program shape: the last bit may round differently)
         np.testing.assert_allclose(getattr(sliced, field), getattr(whole, field), rtol=1e-6, atol=1e-6)
+
+
+def test_compile_grid_stops_between_programs_when_told(monkeypatch):
+    engine, _ = load_engine("tiny-llama", **SMALL)
+    stop = threading.Event()
+    run_model = engine.executor.run_model
+
+    def run_then_stop(plan):  # the first program compiles, then a shutdown asks to stop
+        logits = run_model(plan)
+        stop.set()
+        return logits
+
+    monkeypatch.setattr(engine.executor, "run_model", run_then_stop)
+    with pytest.raises(warmup.WarmUpStopped, match=rf"after 1 of {len(warmup.grid(engine.config, engine.vocab_size))}"):
+        warmup.compile_grid(engine.executor, engine.config, progress=False, stop=stop)
+    assert engine.executor.num_compilations == 1 and not engine.executor.warmed_up

@@ -1,4 +1,5 @@
-"""A real `jpaged serve` in a subprocess on 127.0.0.1 with a free port, and a /metrics reader."""
+"""A real `jpaged serve` in a subprocess on 127.0.0.1 with a free port (http, or https with a
+certificate the client trusts), and a /metrics reader."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import os
 import signal
 import socket
 import subprocess
+import ssl
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,10 @@ def free_port() -> int:
 class Server:
     """A running server process: its base URL, what /health said while it started, and how it ended."""
 
-    def __init__(self, process: subprocess.Popen, port: int, log_path: Path):
-        self.process, self.port, self.log_path = process, port, log_path
-        self.base_url = f"http://127.0.0.1:{port}"
+    def __init__(self, process: subprocess.Popen, port: int, log_path: Path, verify: ssl.SSLContext | None = None):
+        """`verify`: the TLS context trusting the server's certificate (None: plain http)."""
+        self.process, self.port, self.log_path, self.verify = process, port, log_path, verify
+        self.base_url = f"{'https' if verify else 'http'}://127.0.0.1:{port}"
         self.health_while_starting: list[int] = []  # /health's status codes until the first 200
         self.starting_result: Any = None  # what `on_starting` returned
 
@@ -56,29 +59,41 @@ class Server:
         return self.process.returncode
 
 
-@contextlib.contextmanager
-def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
-                   on_starting: Callable[[Server], Any] | None = None) -> Iterator[Server]:
-    """`python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after.
-
-    `on_starting(server)` runs once, as soon as /health first answers 503 (the server listens
-    but is warming up); its result is kept as `server.starting_result`.
-    """
+def start_server(tmp_path: Path, *extra: str, env: Mapping[str, str] | None = None,
+                 verify: ssl.SSLContext | None = None) -> Server:
+    """Starts `python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` (SERVE_ARGS, then
+    `extra`) on a free port, its output logged under `tmp_path`, on the CPU, with `env` added to
+    this process's environment (`verify`: see `running_server`); returns at once."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     command = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", str(ASSET), "--served-model-name", MODEL,
                "--port", str(port), *SERVE_ARGS, *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = Server(process, port, log_path)
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+    return Server(process, port, log_path, verify)
+
+
+@contextlib.contextmanager
+def running_server(tmp_path: Path, *extra: str, timeout: float = 240.0,
+                   on_starting: Callable[[Server], Any] | None = None, env: Mapping[str, str] | None = None,
+                   verify: ssl.SSLContext | None = None) -> Iterator[Server]:
+    """`python -m jpaged.entrypoints.cli serve --model assets/stdlib-lm` until /health answers 200; stopped after.
+
+    `on_starting(server)` runs once, as soon as /health first answers 503 (the server listens
+    but is warming up); its result is kept as `server.starting_result`. `env`: added to the
+    process's environment; `verify`: for a server started with TLS flags, a context trusting its
+    certificate (the URLs are then https).
+    """
+    server = start_server(tmp_path, *extra, env=env, verify=verify)
+    process = server.process
     try:
         deadline = time.monotonic() + timeout
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"the server exited with {process.returncode}:\n{server.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                status = httpx.get(server.base_url + "/health", timeout=5).status_code
+                status = httpx.get(server.base_url + "/health", timeout=5, verify=verify or True).status_code
                 server.health_while_starting.append(status)
                 if status == 200:
                     break

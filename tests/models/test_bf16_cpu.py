@@ -8,11 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.paged_batch import greedy_generate, plan_from_contexts, scattered_tables
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.models.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.runner import ModelRunner
 from pallas_kernels import cache_ops, native_cpu
 
@@ -54,7 +53,7 @@ def test_bf16_step_logits_close_to_float32():
     prompts = [rng.integers(1, spec.vocab_size, n).tolist() for n in (9, 17)]
     need = [-(-len(p) // BLOCK_SIZE) for p in prompts]
     tables = scattered_tables(rng, need, sum(need) + 1)
-    plan = StepPlan.from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE)
+    plan = plan_from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE)
     logits = {}
     for dtype in (jnp.float32, jnp.bfloat16):
         runner = ModelRunner(spec, jax.tree.map(lambda x: x.astype(dtype), params), block_size=BLOCK_SIZE,
@@ -99,10 +98,10 @@ def test_native_decode_on_the_bits_pool_matches_the_xla_path(name):
     tables = scattered_tables(rng, need, sum(need) + 3)
     runners = {b: ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend=b) for b in ("xla", "cpu_native")}
     pool = init_kv_pool(spec, sum(need) + 3, BLOCK_SIZE, storage_dtype(jnp.bfloat16, "cpu", "cpu_native"))
-    logits, pool = runners["xla"].prefill(pool, StepPlan.from_contexts(prompts, [len(p) for p in prompts], tables,
-                                                                       BLOCK_SIZE))
+    logits, pool = runners["xla"].prefill(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables,
+                                                                   BLOCK_SIZE))
     contexts = [p + [int(t)] for p, t in zip(prompts, np.asarray(logits).argmax(-1))]
-    decode = StepPlan.from_contexts(contexts, [1] * 3, tables, BLOCK_SIZE, shape=(4, 4, max(map(len, tables))))
+    decode = plan_from_contexts(contexts, [1] * 3, tables, BLOCK_SIZE, shape=(4, 4, max(map(len, tables))))
     out = {}
     for backend, runner in runners.items():
         step_logits, pool = runner.decode(pool, decode)  # both write the same K/V bits, then read them

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -22,6 +23,7 @@ from jpaged.models import decoder
 from jpaged.models.checkpoint import import_hf, restore_params, save_params
 from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 NAME = "tiny-llama"
 SPEC = get_preset(NAME)
 PARAMS = decoder.init_params(SPEC, seed=5)
@@ -167,6 +169,17 @@ def test_a_folder_that_is_not_a_checkpoint_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty: not a checkpoint written by save_params"):
         restore_params(tmp_path / "empty")
+
+
+def test_a_corrupt_metadata_file_is_named_and_called_unreadable(tmp_path):
+    checkpoint = tmp_path / "tiny-copy"
+    shutil.copytree(ASSETS / "tiny-copy", checkpoint)
+    (checkpoint / "metadata" / "metadata").write_text("{oops")
+    with pytest.raises(ValueError) as info:
+        restore_params(checkpoint)
+    message = str(info.value)
+    assert message.startswith(f"{checkpoint / 'metadata' / 'metadata'}: the checkpoint's metadata file is unreadable")
+    assert "JSONDecodeError" in message and "not a checkpoint" not in message
 
 
 def _same_model(params) -> bool:

@@ -7,11 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts, scattered_tables
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 from pallas_kernels import native_cpu
 
@@ -61,14 +60,14 @@ def test_decode_step_by_step_matches_dense(name, block_size, backend):
     pool = nan_pool(spec, block_size)
     contexts = [s[:n] for s, n in zip(seqs, prompt_lens)]
     # Padded by odd amounts in every dimension: 7 tokens, a sequence and a block-table column.
-    plan = StepPlan.from_contexts(contexts, prompt_lens, tables, block_size,
-                                  shape=(sum(prompt_lens) + 7, 4, max_blocks + 1))
+    plan = plan_from_contexts(contexts, prompt_lens, tables, block_size,
+                              shape=(sum(prompt_lens) + 7, 4, max_blocks + 1))
     logits, pool = runner.prefill(pool, plan)
     for s, n in enumerate(prompt_lens):
         assert rel_err(logits[s], dense[s][n - 1]) < 1e-4
     for step in range(1, new_tokens):
         contexts = [s[:n + step] for s, n in zip(seqs, prompt_lens)]
-        plan = StepPlan.from_contexts(contexts, [1] * 3, tables, block_size, shape=(4, 4, max_blocks + 1))
+        plan = plan_from_contexts(contexts, [1] * 3, tables, block_size, shape=(4, 4, max_blocks + 1))
         logits, pool = runner.decode(pool, plan)
         assert np.isfinite(np.asarray(logits[:3])).all()
         for s, n in enumerate(prompt_lens):
@@ -88,11 +87,11 @@ def test_prefix_cached_prefill_matches_full_prefill(name):
     runner = ModelRunner(spec, params, block_size=block_size, attention_backend="xla")
     pool = nan_pool(spec, block_size)
 
-    full, pool = runner.prefill(pool, StepPlan.from_contexts([prompt], [29], [table_a], block_size))
+    full, pool = runner.prefill(pool, plan_from_contexts([prompt], [29], [table_a], block_size))
     # A second request with the same prompt shares the first 3 full blocks and prefills only its tail,
     # batched with an unrelated prompt.
     shared = table_a[:3] + table_b[3:]
-    plan = StepPlan.from_contexts([prompt, other], [29 - 24, 11], [shared, table_o], block_size, shape=(19, 3, 4))
+    plan = plan_from_contexts([prompt, other], [29 - 24, 11], [shared, table_o], block_size, shape=(19, 3, 4))
     tail, pool = runner.prefill(pool, plan)
     dense_other = decoder.dense_forward(spec, params, jnp.asarray([other], jnp.int32))[0, -1]
     assert rel_err(tail[0], full[0]) < 1e-4
@@ -102,6 +101,6 @@ def test_prefix_cached_prefill_matches_full_prefill(name):
 def test_decode_rejects_multi_token_plan():
     spec = get_preset("tiny-llama")
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=8, attention_backend="xla")
-    plan = StepPlan.from_contexts([[1, 2, 3]], [3], [[1]], 8)
+    plan = plan_from_contexts([[1, 2, 3]], [3], [[1]], 8)
     with pytest.raises(ValueError, match="one token per sequence"):
         runner.decode(init_kv_pool(spec, 4, 8), plan)

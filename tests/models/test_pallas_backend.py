@@ -5,11 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.paged_batch import plan_from_contexts, scattered_tables
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 
@@ -26,10 +25,10 @@ def test_pallas_backend_matches_xla():
         k, v = init_kv_pool(spec, 12, block_size)
         pool = (jnp.full_like(k, jnp.nan), jnp.full_like(v, jnp.nan))
         prompts = [s[:-2] for s in seqs]
-        prefill, pool = runner.prefill(pool, StepPlan.from_contexts(
+        prefill, pool = runner.prefill(pool, plan_from_contexts(
             prompts, [len(p) for p in prompts], tables, block_size, shape=(sum(map(len, prompts)) + 5, 3, 3)))
-        decode, pool = runner.decode(pool, StepPlan.from_contexts([s[:-1] for s in seqs], [1, 1], tables, block_size,
-                                                                  shape=(4, 4, 3)))
+        decode, pool = runner.decode(pool, plan_from_contexts([s[:-1] for s in seqs], [1, 1], tables, block_size,
+                                                              shape=(4, 4, 3)))
         results.append((np.asarray(prefill[:2]), np.asarray(decode[:2])))
     for xla, pallas in zip(*results):
         np.testing.assert_allclose(pallas, xla, rtol=1e-4, atol=1e-4 * np.abs(xla).max())

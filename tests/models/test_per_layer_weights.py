@@ -6,11 +6,10 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts, scattered_tables
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import scattered_tables
 from jpaged.models.runner import ModelRunner
 
 BLOCK_SIZE = 8
@@ -24,11 +23,11 @@ def _prefill_then_decode(runner: ModelRunner, spec, steps: int = 4):
     num_blocks = sum(need) + 3
     tables = scattered_tables(rng, need, num_blocks)
     pool = init_kv_pool(spec, num_blocks, BLOCK_SIZE)
-    logits, pool = runner.prefill(pool, StepPlan.from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE))
+    logits, pool = runner.prefill(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE))
     all_logits = [np.asarray(logits)]
     contexts = [p + [int(t)] for p, t in zip(prompts, all_logits[-1].argmax(-1))]
     for _ in range(steps):
-        logits, pool = runner.decode(pool, StepPlan.from_contexts(contexts, [1] * len(contexts), tables, BLOCK_SIZE))
+        logits, pool = runner.decode(pool, plan_from_contexts(contexts, [1] * len(contexts), tables, BLOCK_SIZE))
         all_logits.append(np.asarray(logits))
         for ctx, t in zip(contexts, all_logits[-1].argmax(-1)):
             ctx.append(int(t))
@@ -67,7 +66,7 @@ def test_cpu_default_is_per_layer_and_the_step_slices_no_stacked_weight():
     params = decoder.init_params(spec)
     runner = ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend="xla")
     assert runner.per_layer_weights == (jax.default_backend() == "cpu")
-    plan = StepPlan.from_contexts([[3, 4, 5]], [1], [[1]], BLOCK_SIZE)
+    plan = plan_from_contexts([[3, 4, 5]], [1], [[1]], BLOCK_SIZE)
     pool = init_kv_pool(spec, 4, BLOCK_SIZE)
     one_layer_of_stacked_mlp = "f32[1,{},{}]".format(spec.hidden_size, spec.intermediate_size)  # [1, H, I]
 

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts
 from jpaged.config.presets import get_preset, preset_names
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder, layers
-from jpaged.models.kv_pool import init_kv_pool, kv_pool_bytes, num_blocks_for_budget
+from jpaged.models.kv_pool import init_kv_pool, num_blocks_for_budget
 from jpaged.models.runner import ModelRunner
 
 
@@ -64,21 +64,21 @@ def test_kv_pool_layout_and_budget():
     spec = get_preset("tiny-llama")
     k, v = init_kv_pool(spec, num_blocks=10, block_size=16)
     assert k.shape == v.shape == (2, 2, 10, 16, 16)
-    assert kv_pool_bytes(spec, 10, 16) == k.nbytes + v.nbytes
-    block_bytes = kv_pool_bytes(spec, 1, 16)
-    assert num_blocks_for_budget(kv_pool_bytes(spec, 10, 16) + 100, block_bytes, 16) == 10
+    assert 10 * 16 * spec.kv_bytes_per_token("float32") == k.nbytes + v.nbytes
+    block_bytes = 16 * spec.kv_bytes_per_token("float32")
+    assert num_blocks_for_budget(k.nbytes + v.nbytes + 100, block_bytes, 16) == 10
     assert num_blocks_for_budget(-1, block_bytes, 16) == 0
     assert num_blocks_for_budget(2**62, block_bytes, 16) == 2**24  # MAX_BLOCKS
     # OPT-13B on an A100-40GB with 12 GB for the KV cache (Table 1): 15.7K slots.
     opt13 = get_preset("opt-13b")
-    blocks = num_blocks_for_budget(12 * 1024**3, kv_pool_bytes(opt13, 1, 16, "float16"), 16)
+    blocks = num_blocks_for_budget(12 * 1024**3, 16 * opt13.kv_bytes_per_token("float16"), 16)
     assert abs(blocks * 16 - 15_728) < 16
 
 
 def test_runner_checks_pool_and_arrays():
     spec = get_preset("tiny-opt")
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=16, attention_backend="xla")
-    plan = StepPlan.from_contexts([[5]], [1], [[1]], 16, shape=(1, 1, 1))
+    plan = plan_from_contexts([[5]], [1], [[1]], 16, shape=(1, 1, 1))
     with pytest.raises(ValueError, match="k_pool"):
         runner.decode(init_kv_pool(spec, 4, 8), plan)
     with pytest.raises(ValueError, match="positions: expected int32"):

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts
 from jpaged.config.presets import get_preset
-from jpaged.core.step_plan import StepPlan
 from jpaged.models import decoder
 from jpaged.models.kv_pool import init_kv_pool
 from jpaged.models.runner import ModelRunner
@@ -25,8 +25,8 @@ def _setup(backend="xla", interpret=True):
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=BLOCK_SIZE, attention_backend=backend,
                          interpret=interpret)
     prompts = [[3, 1, 4, 1, 5, 9, 2], [6, 5, 3]]
-    decode = StepPlan.from_contexts(prompts, [1, 1], [[7], [9]], BLOCK_SIZE, shape=(4, 4, 1))
-    prefill = StepPlan.from_contexts(prompts, [7, 3], [[7], [9]], BLOCK_SIZE, shape=(16, 2, 1))
+    decode = plan_from_contexts(prompts, [1, 1], [[7], [9]], BLOCK_SIZE, shape=(4, 4, 1))
+    prefill = plan_from_contexts(prompts, [7, 3], [[7], [9]], BLOCK_SIZE, shape=(16, 2, 1))
     return spec, runner, {"decode": decode, "prefill": prefill}
 
 

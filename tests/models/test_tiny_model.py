@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.lm.tiny_task import SEP, CopyTask, score
+from experiments.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.checkpoint import restore_params
 from jpaged.models.kv_pool import init_kv_pool
-from jpaged.models.paged_batch import greedy_generate, scattered_tables
 from jpaged.models.runner import ModelRunner
-from jpaged.models.tiny_task import SEP, CopyTask, score
 
 ASSET = Path(__file__).resolve().parents[2] / "assets" / "tiny-copy"
 BLOCK_SIZE = 16

@@ -7,6 +7,8 @@ import threading
 
 from jpaged.executors.plan_channel import PlanClient, PlanServer
 
+SECRET = b"a test secret of 32 bytes, ok.!!"  # the run's shared secret in the channel tests
+
 
 def free_port() -> int:
     """A loopback TCP port nobody listens on now."""
@@ -21,11 +23,11 @@ def joined_pair(server_config: dict, client_config: dict, timeout: float = 1.0,
     port, box = free_port(), {}
 
     def join():
-        box["client"] = PlanClient("127.0.0.1", port, 1, client_config, join_timeout=10)
+        box["client"] = PlanClient("127.0.0.1", port, 1, client_config, secret=SECRET, join_timeout=10)
 
     thread = threading.Thread(target=join)
     thread.start()
-    server = PlanServer("127.0.0.1", port, 2, server_config, timeout=timeout,
+    server = PlanServer("127.0.0.1", port, 2, server_config, secret=SECRET, timeout=timeout,
                         compile_timeout=compile_timeout or timeout, join_timeout=10)
     thread.join()
     return server, box["client"]

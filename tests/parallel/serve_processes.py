@@ -18,17 +18,24 @@ from pathlib import Path
 
 import httpx
 
+from jpaged.executors.plan_channel import SECRET_ENV
 from tests.helpers.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_ARGS = ["--model", "tiny-llama", "--attention-backend", "xla", "--block-size", "8", "--num-blocks", "13",
                "--num-host-blocks", "64", "--max-model-len", "128", "--max-num-seqs", "16",
                "--preemption-mode", "swap"]
+PLAN_SECRET = "the plan channel's secret in the serve tests"
 
 
-def start(log_path: Path, *args: str, devices: int = 1, engine_args: list[str] = ENGINE_ARGS) -> subprocess.Popen:
-    """`python -m jpaged.entrypoints.cli serve engine_args args` with `devices` virtual CPU devices."""
+def start(log_path: Path, *args: str, devices: int = 1, engine_args: list[str] = ENGINE_ARGS,
+          plan_secret: str | None = PLAN_SECRET) -> subprocess.Popen:
+    """`python -m jpaged.entrypoints.cli serve engine_args args` with `devices` virtual CPU devices
+    and `plan_secret` in $JPAGED_PLAN_SECRET (None: unset)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env.pop(SECRET_ENV, None)
+    if plan_secret is not None:
+        env[SECRET_ENV] = plan_secret
     with log_path.open("w") as log:
         return subprocess.Popen([sys.executable, "-m", "jpaged.entrypoints.cli", "serve", *engine_args, *args],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)

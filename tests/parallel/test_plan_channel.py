@@ -3,24 +3,14 @@ differs is refused on both sides with its field; an unreachable coordinator is a
 address; a follower that dies, reports an error (the callbacks hear it), hangs in a step or goes silent is reported lost
 within the timeout, and every later send raises."""
 
-import json
 import socket
 import threading
 import time
 
 import pytest
 
-from jpaged.executors.plan_channel import (
-    HELLO,
-    WELCOME,
-    FollowerLost,
-    PlanClient,
-    PlanServer,
-    config_mismatch,
-    recv_frame,
-    send_frame,
-)
-from tests.parallel.channel_pair import free_port, joined_pair
+from jpaged.executors.plan_channel import FollowerLost, PlanClient, PlanServer, config_mismatch
+from tests.parallel.channel_pair import SECRET, free_port, joined_pair
 
 CONFIG = {"model": {"name": "tiny-llama", "process_id": 0, "num_processes": 2}, "cache": {"num_blocks": 13}}
 
@@ -75,13 +65,14 @@ def test_config_mismatch_names_the_field_on_both_sides():
 
     def join():
         with pytest.raises(ValueError) as info:
-            PlanClient("127.0.0.1", port, 1, _follower_config(num_blocks=14), join_timeout=10)
+            PlanClient("127.0.0.1", port, 1, _follower_config(num_blocks=14), secret=SECRET, join_timeout=10)
         box["follower"] = str(info.value)
 
     thread = threading.Thread(target=join)
     thread.start()
-    with pytest.raises(ValueError, match=r"cache\.num_blocks: process 0 has 13, this process has 14"):
-        PlanServer("127.0.0.1", port, 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=10)
+    # process 0 waits on for the right follower, and names the refusal when it never comes
+    with pytest.raises(TimeoutError, match=r"cache\.num_blocks: process 0 has 13, this process has 14"):
+        PlanServer("127.0.0.1", port, 2, CONFIG, secret=SECRET, timeout=1, compile_timeout=1, join_timeout=3)
     thread.join()
     assert "cache.num_blocks: process 0 has 13, this process has 14" in box["follower"]
 
@@ -89,12 +80,12 @@ def test_config_mismatch_names_the_field_on_both_sides():
 def test_unreachable_coordinator_names_its_address():
     port = _port()
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} within 0.5 s"):
-        PlanClient("127.0.0.1", port, 1, _follower_config(), join_timeout=0.5)
+        PlanClient("127.0.0.1", port, 1, _follower_config(), secret=SECRET, join_timeout=0.5)
 
 
 def test_missing_follower_is_named_when_the_join_times_out():
     with pytest.raises(TimeoutError, match=r"processes \[1\] did not join within 0.3 s"):
-        PlanServer("127.0.0.1", _port(), 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=0.3)
+        PlanServer("127.0.0.1", _port(), 2, CONFIG, secret=SECRET, timeout=1, compile_timeout=1, join_timeout=0.3)
 
 
 def test_a_follower_that_dies_is_lost_at_once_and_sends_raise_after():
@@ -112,6 +103,9 @@ def test_a_follower_error_is_reported_with_its_cause():
     server.on_failure.append(told.append)
     client.report(RuntimeError("XLA compile failed"))
     _lost_within(server, 5.0)
+    deadline = time.monotonic() + 5.0
+    while not told and time.monotonic() < deadline:  # (the error is recorded just before the callbacks run)
+        time.sleep(0.01)
     assert "XLA compile failed" in str(server.error) and told == [server.error]
     client.close()
 
@@ -149,21 +143,11 @@ def test_a_step_that_may_compile_gets_the_compile_timeout():
 
 def test_a_silent_follower_is_lost_within_the_timeout():
     """A follower that joined and then says nothing (a stopped process: no heartbeats) is lost."""
-    port, box = _port(), {}
-
-    def join():
-        sock = box["sock"] = _connect(port)
-        send_frame(sock, HELLO, json.dumps({"process_id": 1, "config": _follower_config()}).encode())
-        box["answer"] = recv_frame(sock)[0]
-
-    thread = threading.Thread(target=join)
-    thread.start()
-    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=0.5, compile_timeout=0.5, join_timeout=10)
-    thread.join()
-    assert box["answer"] == WELCOME
+    server, client = _pair(timeout=0.5)
+    client._closing.set()  # its heartbeat thread stops, its connection stays open: SIGSTOP's effect
     _lost_within(server, 3.0)  # (timed from here, not from the join: no lower bound)
     assert "no word from it for" in str(server.error)
-    box["sock"].close()
+    client.close()
 
 
 def test_a_stranger_on_the_port_is_ignored_and_the_follower_still_joins():
@@ -174,11 +158,11 @@ def test_a_stranger_on_the_port_is_ignored_and_the_follower_still_joins():
         with _connect(port) as stranger:
             stranger.sendall(b"\x01" + (2**40).to_bytes(8, "big"))  # a frame far too large for a hello
             time.sleep(0.2)
-        box["client"] = PlanClient("127.0.0.1", port, 1, _follower_config(), join_timeout=10)
+        box["client"] = PlanClient("127.0.0.1", port, 1, _follower_config(), secret=SECRET, join_timeout=10)
 
     thread = threading.Thread(target=join)
     thread.start()
-    server = PlanServer("127.0.0.1", port, 2, CONFIG, timeout=1, compile_timeout=1, join_timeout=10)
+    server = PlanServer("127.0.0.1", port, 2, CONFIG, secret=SECRET, timeout=1, compile_timeout=1, join_timeout=10)
     thread.join()
     server.send_plan([b"step 1"])
     server.close()

@@ -429,7 +429,7 @@ class BlockManager:
         return blocks, logical
 
     def decode_cursor(self, rows: list[int]) -> PagedDecodeCursor:
-        """A cursor giving `rows` (no forked siblings) one slot per step (see `decode_cursor`)."""
+        """A cursor giving `rows` (no forked siblings) one slot per step (see `slot_cursor`)."""
         return PagedDecodeCursor(self, rows)
 
     def _copy_on_write(self, row: int, index: int, src: int) -> int:

@@ -12,6 +12,9 @@ field): the content type and the JSON (errors.py), every field's type, range and
 tokenizer, encodable text, vocabulary, max_model_len), and what LLMEngine.add_request refuses
 (n > max_num_seqs, a prompt larger than the KV pool). A refused request changes nothing; the
 others keep being served. A client that disconnects (streaming or not) aborts its requests.
+Before any of that (`Exposure`): the API key (security.py: 401 outside /health, /metrics, /version
+and the docs), the body's size (limits.py: 413) and, for generation, the queue's bound (limits.py:
+503 with Retry-After); CORS when asked for.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, RequestAborted
 from jpaged.entrypoints.serve import tokenize
 from jpaged.entrypoints.serve.completions import ChatHandler, CompletionHandler
 from jpaged.entrypoints.serve.errors import RequestError, error_body, parse_body, validation_error
+from jpaged.entrypoints.serve.limits import BodySizeLimit, QueueFull, RequestQueue
 from jpaged.entrypoints.serve.metrics import PrometheusObserver
 from jpaged.entrypoints.serve.protocol import (
     ChatCompletionRequest,
@@ -39,6 +45,7 @@ from jpaged.entrypoints.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from jpaged.entrypoints.serve.security import APIKeyAuth, Exposure
 from jpaged.entrypoints.serve.state import ServerState
 from jpaged.text.chat_template import ChatTemplateError
 
@@ -81,6 +88,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(validation_error(list(exc.errors())))
 
+    @app.exception_handler(QueueFull)
+    async def _shed(_: Request, exc: QueueFull) -> JSONResponse:
+        response = error_response(exc)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
+
     @app.exception_handler(ChatTemplateError)
     async def _bad_messages(_: Request, exc: ChatTemplateError) -> JSONResponse:
         return error_response(RequestError(f"messages: {exc}", "messages"))
@@ -89,6 +102,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestAborted)  # the server shut down before the answer was complete
     async def _dead(_: Request, exc: RuntimeError) -> JSONResponse:
         return error_response(RequestError(str(exc), None, 503, "service_unavailable"))
+
+    @app.exception_handler(ClientDisconnect)  # the client left before its whole body came: nobody to answer
+    async def _gone(request: Request, _: ClientDisconnect) -> Response:
+        log.info("%s %s: the client disconnected before sending its whole body", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(HTTPException)  # no such route (404), wrong method (405), ...
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
@@ -102,12 +120,26 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(RequestError(f"internal error: {exc!r}", None, 500, "internal_server_error"))
 
 
+def _install_middleware(app: FastAPI, exposure: Exposure) -> None:
+    """Outermost first: CORS (answers preflights, and puts its headers on a 401 too), the API key
+    (401 before the body is read), the body's bound (413)."""
+    app.add_middleware(BodySizeLimit, max_bytes=exposure.max_request_body_bytes)
+    if exposure.api_keys:
+        app.add_middleware(APIKeyAuth, keys=exposure.api_keys)
+    if exposure.cors is not None:
+        app.add_middleware(CORSMiddleware, **exposure.cors.middleware_options())
+
+
 def build_app(engine: AsyncLLMEngine, model_name: str, state: ServerState | None = None,
-              metrics: PrometheusObserver | None = None, stream_interval: int = 1) -> FastAPI:
+              metrics: PrometheusObserver | None = None, stream_interval: int = 1,
+              exposure: Exposure | None = None) -> FastAPI:
     """The FastAPI app serving `engine` as `model_name`; `state` owns readiness and draining
-    (default: warm up at start, drain for 5 s)."""
+    (default: warm up at start, drain for 5 s); `exposure`: keys, CORS and limits (default: no
+    key, no CORS, the default body bound, no queue bound)."""
     state = state or ServerState(engine)
     metrics = metrics or PrometheusObserver(model_name)
+    exposure = exposure or Exposure()
+    queue = RequestQueue(engine, exposure.max_queued_requests, on_shed=metrics.shed.inc)
     max_model_len = engine.engine.config.scheduler.max_model_len
 
     @contextlib.asynccontextmanager
@@ -123,6 +155,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str, state: ServerState | None
 
     app = FastAPI(title="jpaged", lifespan=lifespan)
     _install_error_handlers(app)
+    _install_middleware(app, exposure)
     completions = CompletionHandler(engine, model_name, stream_interval)
     chat = ChatHandler(engine, model_name, stream_interval)
 
@@ -179,7 +212,8 @@ def build_app(engine: AsyncLLMEngine, model_name: str, state: ServerState | None
     async def _serve(raw: Request, body, handler) -> Response:
         state.check_accepting()
         request_id = handler.request_id(body)
-        prompts, streams = await handler.start(request_id, body)  # raises RequestError: nothing was queued
+        with queue.admit():  # raises QueueFull past --max-queued-requests
+            prompts, streams = await handler.start(request_id, body)  # raises RequestError: nothing was queued
         if body.stream:
             return StreamingResponse(handler.stream(request_id, body, prompts, streams),
                                      media_type="text/event-stream")

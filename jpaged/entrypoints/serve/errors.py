@@ -8,7 +8,8 @@ names too ("messages[0].content"), so a client can show it without parsing prose
 Bodies are read by `parse_body`, not by FastAPI: the content type must be application/json, the
 JSON is decoded by Python's `json` (which keeps a lone UTF-16 surrogate such as "\\ud800" as a
 character, so the field holding it can be named later; pydantic's own JSON parser refuses the
-whole body), NaN and Infinity are refused (they are not JSON), and the models validate strictly:
+whole body), NaN and Infinity are refused naming the field that holds them (they are not JSON,
+but Python's json.dumps writes them by default), and the models validate strictly:
 a bool is never a number and a number is never a string.
 """
 
@@ -36,8 +37,26 @@ def error_body(message: str, param: str | None, kind: str = "invalid_request_err
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON number")
+class _NonFinite(str):
+    """NaN, Infinity or -Infinity where the body holds it: JSON has no such numbers, and the decoder
+    keeps the constant as this marker so that the field holding it can be named."""
+
+
+def _non_finite_at(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(field, constant) of the first NaN/Infinity marker in decoded JSON, in document order."""
+    if isinstance(value, _NonFinite):
+        return where, str(value)
+    if isinstance(value, dict):
+        children = ((f"{where}.{key}" if where else str(key), child) for key, child in value.items())
+    elif isinstance(value, list):
+        children = ((f"{where}[{index}]", child) for index, child in enumerate(value))
+    else:
+        return None
+    for child_where, child in children:
+        found = _non_finite_at(child, child_where)
+        if found is not None:
+            return found
+    return None
 
 
 def parse_body(body: bytes, content_type: str | None, model: type[Model]) -> Model:
@@ -47,9 +66,14 @@ def parse_body(body: bytes, content_type: str | None, model: type[Model]) -> Mod
         raise RequestError(f"the request body must be JSON with Content-Type: application/json, "
                            f"got {content_type or 'no Content-Type'}", None)
     try:
-        data = json.loads(body, parse_constant=_not_json)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, NaN, nesting too deep
+        data = json.loads(body, parse_constant=_NonFinite)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, nesting too deep
         raise RequestError(f"the request body is not valid JSON: {exc}", None) from None
+    found = _non_finite_at(data)
+    if found is not None:
+        field, constant = found
+        raise RequestError(f"{field or 'the request body'}: {constant} is not a JSON number "
+                           "(JSON has no NaN or Infinity)", field or None)
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, got {_shown(data)}", None)
     try:

@@ -6,7 +6,9 @@ or with `--warmup smallest` the smallest prefill and decode steps only. Shutdown
 uvicorn stops accepting connections, open requests get `--shutdown-timeout` seconds to finish,
 then the rest are aborted (their streams end with finish reason "abort", their blocks are freed);
 a client that holds a stream open without reading is cut off a moment later; the engine's step
-loop stops and the process exits 0.
+loop stops and the process exits 0. A stop during start-up exits 0 as well: while the weights load
+or process 0 waits for the other processes to join (the stop signal interrupts either), and during
+the warm-up (the grid stops after the program compiling now).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.app import build_app
+from jpaged.entrypoints.serve.security import Exposure
 from jpaged.entrypoints.serve.state import ServerState, warm_up_grid, warm_up_smallest_steps
 from jpaged.executors.warmup import enable_compilation_cache
 
@@ -54,7 +57,27 @@ def run(args: argparse.Namespace) -> int:
     if not args.shutdown_timeout >= 0:
         print(f"jpaged serve: --shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}", file=sys.stderr)
         return 2
+    try:
+        exposure = Exposure.from_args(args)  # keys, TLS, CORS, limits: refused before the engine is built
+    except ValueError as exc:
+        print(f"jpaged serve: {exc}", file=sys.stderr)
+        return 2
     engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    # From here on a stop signal raises _Stopped wherever the main thread is (loading weights,
+    # waiting for the other processes to join); uvicorn installs its own handlers while it serves,
+    # restores these and re-raises the signal once its graceful shutdown is done.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stopped)
+    try:
+        return _serve(args, engine_args, exposure)
+    except _Stopped as stop:
+        log.info("stopped by %s", stop)
+        return 0
+
+
+def _serve(args: argparse.Namespace, engine_args: dict, exposure: Exposure) -> int:
+    """Builds the engine and serves it until a stop signal raises _Stopped; 2 when the model or
+    config is refused."""
     enable_compilation_cache()  # before the engine compiles anything
     try:
         if args.num_processes > 1:  # one scheduler here, the other processes follow (jpaged.entrypoints.multihost)
@@ -78,25 +101,23 @@ def run(args: argparse.Namespace) -> int:
     warm_up = {"grid": warm_up_grid, "smallest": warm_up_smallest_steps, "none": None}[warmup]
     state = ServerState(engine, warm_up=warm_up,
                         shutdown_timeout=args.shutdown_timeout)
-    app = build_app(engine, name, state, stream_interval=args.stream_interval)
-    log.info("serving %s (max_model_len %d) on http://%s:%d", name, engine.engine.config.scheduler.max_model_len,
-             args.host, args.port)
+    app = build_app(engine, name, state, stream_interval=args.stream_interval, exposure=exposure)
+    log.info("serving %s (max_model_len %d) on %s://%s:%d%s", name, engine.engine.config.scheduler.max_model_len,
+             exposure.scheme, args.host, args.port,
+             f"; {len(exposure.api_keys)} API key(s) required outside /health, /metrics, /version"
+             if exposure.api_keys else "")
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             access_log=not args.disable_access_log,
-                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S)
-    # uvicorn re-raises the stop signal once its graceful shutdown is done: these handlers (restored
-    # by uvicorn before it re-raises) turn that into a normal exit with status 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _stopped)
-    try:
-        _Server(config, state).run()
-    except _Stopped:
-        pass
+                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
+                            **exposure.uvicorn_options())
+    _Server(config, state).run()
     return 0
 
 
-class _Stopped(Exception):
-    """Raised by the re-raised stop signal once uvicorn's graceful shutdown is done."""
+class _Stopped(BaseException):
+    """Raised by a stop signal outside uvicorn's serving (start-up), or re-raised by uvicorn once its
+    graceful shutdown is done. A BaseException, as KeyboardInterrupt: no `except Exception` on the
+    way (a failed load turned into an error message) takes it for a failure."""
 
 
 def _stopped(signum, frame) -> None:

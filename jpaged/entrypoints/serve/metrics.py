@@ -20,7 +20,8 @@ vLLM v1's (vllm/v1/metrics/loggers.py and buckets.py), labelled `model_name` and
   blocks evicted), `jpaged:pinned_prefix_blocks`, and the prefix cache's host tier (only with
   `--num-host-cache-blocks`): `jpaged:host_cache_usage_perc`, `jpaged:host_cache_promotions`
   (blocks brought back to the device by a match), `jpaged:host_cache_offloads`,
-  `jpaged:host_cache_evictions` (docs/notes/host-tier.md).
+  `jpaged:host_cache_evictions` (docs/notes/host-tier.md); `jpaged:requests_shed`: generation
+  requests refused with 503 because `--max-queued-requests` were waiting (serve/limits.py).
 Times are the executor's clock (wall time for the real model), from the request's arrival.
 """
 
@@ -88,6 +89,8 @@ class PrometheusObserver(EngineObserver):
                               for key, doc in (("promotions", "blocks brought back to the device by a match"),
                                                ("offloads", "evicted device blocks copied to host"),
                                                ("evictions", "host blocks dropped"))}
+        self.shed = make(Counter, "jpaged:requests_shed",
+                         "Generation requests refused (503) because --max-queued-requests were waiting.")
         self._cache_counts: dict[str, int] = {}  # the cache's cumulative counts when last read
         self._last_token: dict[str, float] = {}  # request id -> when its last token came (ITL)
         self._cached_tokens = 0  # the scheduler's prefix-hit count when last read

@@ -3,7 +3,9 @@
 /health answers 200 only when ready (and the engine's step loop is alive), 503 with the state
 otherwise; generation routes refuse with 503 unless ready. The warm-up is a coroutine function
 given to ServerState (`warm_up_grid`: every program; `warm_up_smallest_steps`: two steps); the
-state turns ready when it returns. On SIGTERM or SIGINT the server drains:
+state turns ready when it returns. A stop during the warm-up ends it after the program compiling
+now (the grid checks the state's `stopping` event between programs), so the process exits
+without compiling the rest. On SIGTERM or SIGINT the server drains:
 it stops taking requests, lets open ones finish for at most `shutdown_timeout` seconds, then
 aborts what remains (each stream ends with finish reason "abort"; its blocks are freed at once).
 """
@@ -13,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.serve.errors import RequestError
-from jpaged.executors.warmup import compile_grid
+from jpaged.executors.warmup import WarmUpStopped, compile_grid
 
 log = logging.getLogger(__name__)
 
@@ -31,24 +34,27 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
 
 
-WarmUp = Callable[[AsyncLLMEngine], Awaitable[None]]
+WarmUp = Callable[[AsyncLLMEngine, threading.Event], Awaitable[None]]  # (engine, stopping)
 
 
-async def warm_up_smallest_steps(engine: AsyncLLMEngine) -> None:
+async def warm_up_smallest_steps(engine: AsyncLLMEngine, stopping: threading.Event) -> None:
     """Compiles the smallest prefill and decode steps through the engine's own step loop (a request
-    like any other); other shapes still compile on first use."""
+    like any other; a stop aborts it with the others); other shapes still compile on first use."""
     start = time.perf_counter()
     async for _ in engine.generate([1] * 8, SamplingParams(max_tokens=2, ignore_eos=True), "warm-up"):
         pass
     log.info("warm-up done in %.1f s: the smallest prefill and decode steps are compiled", time.perf_counter() - start)
 
 
-async def warm_up_grid(engine: AsyncLLMEngine) -> None:
+async def warm_up_grid(engine: AsyncLLMEngine, stopping: threading.Event) -> None:
     """Compiles every program the engine can run (jpaged.executors.warmup.compile_grid) in a worker
-    thread, the event loop answering /health (503) meanwhile. It runs on the executor's pool
-    directly: safe because no request runs before the state is ready (generation routes refuse),
-    so the engine's step loop has nothing to step."""
-    report = await asyncio.to_thread(compile_grid, engine.engine.executor, engine.engine.config)
+    thread, the event loop answering /health (503) meanwhile; `stopping` set ends it after the
+    program compiling now. It runs on the executor's pool directly: safe because no request runs
+    before the state is ready (generation routes refuse), so the engine's step loop has nothing to step."""
+    try:
+        report = await asyncio.to_thread(compile_grid, engine.engine.executor, engine.engine.config, stop=stopping)
+    except WarmUpStopped:  # the server is shutting down (compile_grid logged how far it got)
+        return
     log.info("warm-up done: %d programs in %.1f s (%.1f s CPU)", report["num_programs"], report["seconds"],
              report["cpu_seconds"])
 
@@ -65,6 +71,7 @@ class ServerState:
         self.warm_up = warm_up
         self.shutdown_timeout = shutdown_timeout
         self.ready = asyncio.Event()
+        self.stopping = threading.Event()  # set at the first stop signal: the warm-up ends early
         if warm_up is None:
             self.ready.set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,9 +100,11 @@ class ServerState:
 
     async def start(self, observe: Callable[[], None]) -> None:
         """Awaits the warm-up, then calls `observe()` (metrics start after warm-up, which is no
-        client's work) and turns ready."""
+        client's work) and turns ready, unless a stop came meanwhile."""
         if self.warm_up is not None:
-            await self.warm_up(self.engine)
+            await self.warm_up(self.engine, self.stopping)
+        if self.stopping.is_set():
+            return
         observe()
         if self.phase is Phase.STARTING:
             self.phase = Phase.READY
@@ -107,6 +116,7 @@ class ServerState:
             self._loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
+        self.stopping.set()
         if self._drain is None:
             self._drain = self._loop.create_task(self.drain())
 
@@ -114,6 +124,7 @@ class ServerState:
         """At the app's shutdown: aborts whatever is still open, stops the engine's step loop (the
         aborts are applied first: their blocks are freed) and logs the blocks left in use."""
         self.phase = Phase.STOPPED
+        self.stopping.set()
         if self._drain is not None:
             self._drain.cancel()
         aborted = self.engine.abort_all("the server is shutting down")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -149,6 +150,35 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server, client):
     after = metrics(server.base_url)
     assert metric(after, "vllm:request_success_total", finished_reason="length") == \
         metric(before, "vllm:request_success_total", finished_reason="length")
+
+
+def test_a_client_that_leaves_before_its_whole_body_costs_one_info_line(server, client):
+    start = len(server.log())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"prompt\": \"x\"")  # 1000 bytes announced, 13 sent
+    said = "disconnected before sending its whole body"
+    assert _wait_for(lambda: said in server.log()[start:], timeout=30), server.log()[start:]
+    time.sleep(0.5)  # anything logged after the handler (uvicorn's "Exception in ASGI application") shows by now
+    lines = server.log()[start:].splitlines()
+    assert [line.split(" ", 1)[0] for line in lines if said in line] == ["INFO"], lines
+    assert not any("Traceback" in line or line.startswith("ERROR") for line in lines), lines
+    assert client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2).choices[0].text  # served on
+
+
+def test_a_stop_token_id_keeps_its_id_not_its_text_streamed_or_not(client, offline):
+    newline = offline.get_tokenizer().encode("\n", add_special_tokens=False)
+    # vLLM's request from the report: the "\n" that stops a greedy completion is not in its text
+    params = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=40, temperature=0,
+                  extra_body={"min_tokens": 20, "stop_token_ids": newline})
+    whole = client.completions.create(**params).choices[0]
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(**params, stream=True)
+                       if chunk.choices)
+    expected = offline.generate(PROMPTS[1], SamplingParams(max_tokens=40, min_tokens=20, stop_token_ids=newline),
+                                use_tqdm=False)[0].outputs[0]
+    assert expected.finish_reason == "stop" and expected.token_ids[-1] == newline[0]
+    assert whole.finish_reason == "stop" and whole.stop_reason == newline[0]
+    assert whole.text == streamed == expected.text == offline.get_tokenizer().decode(expected.token_ids[:-1])
 
 
 BAD_REQUESTS = [  # (route, body, param the error must name)

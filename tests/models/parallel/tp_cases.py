@@ -14,10 +14,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from experiments.paged_batch import plan_from_contexts, scattered_tables  # noqa: E402
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from jpaged.config.presets import get_preset  # noqa: E402
 from jpaged.core.sequence import SamplingParams  # noqa: E402
-from jpaged.core.step_plan import StepPlan  # noqa: E402
 from jpaged.engine import LLMEngine  # noqa: E402
 from jpaged.executors.jax import JaxExecutor  # noqa: E402
 from jpaged.models import (
@@ -25,7 +25,6 @@ from jpaged.models import (
     parallel,  # noqa: E402
 )
 from jpaged.models.kv_pool import init_kv_pool  # noqa: E402
-from jpaged.models.paged_batch import scattered_tables  # noqa: E402
 from jpaged.models.runner import ModelRunner  # noqa: E402
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 (virtual) devices")
@@ -92,7 +91,7 @@ def test_weights_and_pool_are_split_by_head_and_updated_in_place():
     assert local["o"] == (spec.num_layers, spec.q_size // 4, spec.hidden_size)  # by head (rows)
     assert layers["down"]["kernel"].addressable_shards[0].data.shape[1] == spec.intermediate_size // 4
 
-    plan = StepPlan.from_contexts([[5, 6, 7], [8, 9]], [1, 1], [[3], [4]], BLOCK_SIZE)
+    plan = plan_from_contexts([[5, 6, 7], [8, 9]], [1, 1], [[3], [4]], BLOCK_SIZE)
     compiled = executor.runner._decode.lower(executor.runner.params, executor.kv_pool,
                                              **{k: jnp.asarray(v) for k, v in plan.device_arrays().items()}).compile()
     # The partitioner's collectives: attention output and MLP all-reduces in the layer loop (+ the
@@ -110,8 +109,8 @@ def test_pallas_kernels_run_per_shard():
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(1, 256, n)) for n in (21, 13)]
     tables = scattered_tables(rng, [3, 3], 12)
-    prefill = StepPlan.from_contexts([s[:-1] for s in seqs], [20, 12], tables, BLOCK_SIZE, shape=(36, 3, 3))
-    decode = StepPlan.from_contexts(seqs, [1, 1], tables, BLOCK_SIZE, shape=(4, 4, 3))
+    prefill = plan_from_contexts([s[:-1] for s in seqs], [20, 12], tables, BLOCK_SIZE, shape=(36, 3, 3))
+    decode = plan_from_contexts(seqs, [1, 1], tables, BLOCK_SIZE, shape=(4, 4, 3))
     logits = []
     for tp, backend in ((1, "xla"), (2, "pallas")):
         mesh = parallel.make_mesh(tp)

@@ -1,30 +1,17 @@
-"""Profiled mode: synthetic plans are well formed, the fit recovers a known linear cost of any batch
-mix, and the SimExecutor runs on the fit; a slow test profiles the real JAX executor on a tiny model."""
+"""Profiled mode: the fit recovers a known linear cost of any batch mix (timed on the experiment's
+grid), and the SimExecutor runs on the fit; a slow test profiles the real JAX executor on a tiny model."""
 
 import numpy as np
 import pytest
 
+from experiments.bench.profile_executor import profile, synthetic_plan
 from jpaged.config.presets import get_preset
 from jpaged.paper.sim.cost_model import CostModel
 from jpaged.paper.sim.executor import SimExecutor
 from jpaged.paper.sim.gpus import get_gpu
-from jpaged.paper.sim.profiled import FittedCostModel, profile, synthetic_plan
+from jpaged.paper.sim.profiled import FittedCostModel
 
 TINY = get_preset("tiny-opt")
-
-
-def test_synthetic_plan_is_well_formed():
-    plan = synthetic_plan([5, 20], [5, 30], block_size=4, num_blocks=9, vocab_size=256)
-    assert plan.padded_shape == (32, 8, 8) and plan.num_tokens == 25
-    assert list(plan.query_start_loc[:3]) == [0, 5, 25]
-    # Token 2 of sequence 1 sits at position 12: block table entry 3, offset 0.
-    assert plan.positions[7] == 12 and plan.slot_mapping[7] == plan.block_tables[1, 3] * 4
-    assert (plan.block_tables[:2] < 9).all() and plan.block_tables[0, 2:].sum() == 0
-    assert list(plan.logits_indices[:2]) == [4, 24]
-    decode = synthetic_plan([1, 1, 1], [7, 8, 9], block_size=4, num_blocks=9, vocab_size=256)
-    assert decode.padded_shape == (8, 8, 8) and list(decode.positions[:3]) == [6, 7, 8]
-    with pytest.raises(ValueError, match="query_lens"):
-        synthetic_plan([6], [5], block_size=4, num_blocks=9, vocab_size=256)
 
 
 def fake_execute(plan):

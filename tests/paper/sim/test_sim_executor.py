@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts
 from jpaged.config.presets import get_preset
 from jpaged.core.step_plan import StepPlan, pairs_array
 from jpaged.paper.sim.executor import SimExecutor
@@ -19,8 +20,8 @@ def make_plan(query_lens, context_lens, *, swap_out=(), swap_in=(), copies=()):
     block operations."""
     if not query_lens:
         return StepPlan.block_ops_only(copy=copies, swap_in=swap_in, swap_out=swap_out)
-    plan = StepPlan.from_contexts([[0] * c for c in context_lens], query_lens,
-                                  [[1] * -(-c // BLOCK_SIZE) for c in context_lens], BLOCK_SIZE)
+    plan = plan_from_contexts([[0] * c for c in context_lens], query_lens,
+                              [[1] * -(-c // BLOCK_SIZE) for c in context_lens], BLOCK_SIZE)
     return dataclasses.replace(plan, copy_pairs=pairs_array(copies), swap_in_pairs=pairs_array(swap_in),
                                swap_out_pairs=pairs_array(swap_out))
 

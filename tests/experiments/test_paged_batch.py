@@ -1,12 +1,13 @@
-"""StepPlan.from_contexts and StepPlan.block_ops_only, the ways to build a plan outside the scheduler:
-the StepPlan contract's arrays and padding, the scheduler's bucket sizes by default, exact sizes on
-request, and the shapes they refuse."""
+"""experiments.paged_batch.plan_from_contexts, plans built outside the scheduler: the StepPlan
+contract's arrays and padding, the scheduler's bucket sizes by default, exact sizes on request, and
+the shapes it refuses."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from experiments.paged_batch import plan_from_contexts
 from jpaged.core.step_plan import StepPlan
 
 # A prompt chunk (the last 5 of 8 tokens: 3 are cached) beside a decode (the 9th token), block size 4.
@@ -16,7 +17,7 @@ TABLES = [[3, 7], [4, 9, 2]]
 
 
 def test_arrays_follow_the_contract_padded_as_the_scheduler_pads():
-    plan = StepPlan.from_contexts(CONTEXTS, NUM_QUERY, TABLES, 4)
+    plan = plan_from_contexts(CONTEXTS, NUM_QUERY, TABLES, 4)
     assert plan.padded_shape == (16, 8, 8)  # T: bucket(6, 16), S: bucket(2), M: bucket(3)
     assert (plan.num_seqs, plan.num_tokens, plan.max_query_len, plan.num_prefill_tokens) == (2, 6, 5, 5)
     assert plan.sampling is None and not plan.has_block_ops
@@ -36,10 +37,10 @@ def test_arrays_follow_the_contract_padded_as_the_scheduler_pads():
 
 
 def test_exact_shape_and_the_decode_only_shape():
-    exact = StepPlan.from_contexts(CONTEXTS, NUM_QUERY, TABLES, 4, shape=(7, 3, 4))
+    exact = plan_from_contexts(CONTEXTS, NUM_QUERY, TABLES, 4, shape=(7, 3, 4))
     assert exact.padded_shape == (7, 3, 4)
     np.testing.assert_array_equal(exact.query_start_loc, [0, 5, 6, 6])
-    decode = StepPlan.from_contexts(CONTEXTS, [1, 1], TABLES, 4)
+    decode = plan_from_contexts(CONTEXTS, [1, 1], TABLES, 4)
     assert decode.padded_shape == (8, 8, 8) and decode.max_query_len == 1  # T == S
     np.testing.assert_array_equal(decode.slot_mapping[:2], [31, 8])
     assert decode.num_prefill_tokens == 0
@@ -56,14 +57,4 @@ def test_exact_shape_and_the_decode_only_shape():
 def test_refuses_shapes_that_cannot_hold_the_batch(kwargs, match):
     args = {"contexts": CONTEXTS, "num_query": NUM_QUERY, "tables": TABLES, "block_size": 4} | kwargs
     with pytest.raises(ValueError, match=match):
-        StepPlan.from_contexts(**args)
-
-
-def test_block_ops_only_runs_no_sequence():
-    plan = StepPlan.block_ops_only(copy=[(1, 2)], swap_out=[(3, 0), (4, 1)])
-    assert plan.is_empty and plan.has_block_ops and plan.num_tokens == 0
-    np.testing.assert_array_equal(plan.copy_pairs, [[1, 2]])
-    np.testing.assert_array_equal(plan.swap_out_pairs, [[3, 0], [4, 1]])
-    assert plan.swap_in_pairs.shape == (0, 2)
-    assert not plan.context_lens.any() and not plan.query_start_loc.any()
-    assert all(a.dtype == np.int32 for a in plan.device_arrays().values())
+        plan_from_contexts(**args)
