@@ -137,3 +137,19 @@ def test_cpu_memory_is_the_free_host_memory():
     memory = kv_sizing.device_memory()
     assert memory.where == "free host memory" and memory.in_use_bytes == 0
     assert abs(memory.total_bytes - kv_sizing.host_available_bytes()) < 2**30  # (other processes come and go)
+
+
+def test_serve_flags_reach_the_cache_config():
+    pytest.importorskip("uvicorn")
+    import argparse
+
+    from jpaged.entrypoints import cli
+    from jpaged.entrypoints.serve.launch import ENGINE_FLAGS
+
+    parser = argparse.ArgumentParser()
+    cli._serve_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--model", "tiny-llama", "--gpu-memory-utilization", "0.8",
+                              "--kv-cache-memory-bytes", "1048576"])
+    engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    cache = engine_config("tiny-llama", **engine_args).cache
+    assert (cache.num_blocks, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes) == (None, 0.8, 2**20)
