@@ -19,7 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
-from jpaged.config.checks import check_str, show
+from jpaged.config.checks import check_str, check_token_ids, show
 from jpaged.core.sched import overlap, request_checks, step_guard
 from jpaged.core.kv.kv_manager import usage
 from jpaged.core.outputs import RequestOutput
@@ -150,32 +150,46 @@ class LLMEngine:
         """Pre-stores a prefix (paper §4.4, "as how OS handles shared library"): computes its KV
         blocks once and pins them in the prefix cache, never evicted. Requests whose prompts start
         with it (under the same `cache_salt`) map its blocks, the last one copy-on-write when the
-        prefix ends inside a block, so no request computes any of it. Returns the blocks pinned.
+        prefix ends inside a block, so no request computes any of it. Returns the prefix's blocks
+        (pins of prefixes that start alike share theirs: `kv_stats` counts distinct blocks).
 
-        The engine must be idle (nothing unfinished): the prefix runs as a request of its own
-        (ids checked as a prompt's, named `prefix`), which is then ended and drained. Pinning the
-        same prefix again changes nothing.
+        The engine must be idle (nothing unfinished). A prefix pinned already, or of whole blocks
+        the cache holds on the device, is pinned as it is. Otherwise it runs as a request of its
+        own (checked as a prompt is, errors naming `prefix`), which is then ended and drained,
+        also when pinning fails.
         """
         bm = self.scheduler.block_manager
         if bm.prefix_cache is None:
             raise ValueError("cache.enable_prefix_caching: pinning a prefix needs the prefix cache (set it true)")
         if self.has_unfinished():
             raise RuntimeError("pin_prefix: the engine must be idle (requests are unfinished)")
+        prefix = check_token_ids("prefix", prompt_token_ids, self.vocab_size)
+        cache_salt = check_str("cache_salt", cache_salt, optional=True)
+        blocks = bm.pin_cached(prefix, cache_salt)
+        if blocks is None:
+            blocks = self._compute_and_pin(prefix, cache_salt)
+        return len(blocks)
+
+    def _compute_and_pin(self, prefix: list[int], cache_salt: str | None) -> list[int]:
+        """Runs `prefix` as a request until its prefill is computed and pins its blocks; the
+        request is ended and drained whatever happens. Returns the pinned blocks."""
         request_id = f"pin-{self._num_arrivals}"  # (an idle engine holds no request ids)
-        request = self.check_request(request_id, prompt_token_ids, SamplingParams(max_tokens=2, ignore_eos=True),
-                                     None, cache_salt, prompt_field="prefix")
+        request = self.check_request(request_id, prefix, SamplingParams(max_tokens=2, ignore_eos=True), None,
+                                     cache_salt, prompt_field="prefix", subject="prefix")
         self._queue(request)
         group = self._groups[request_id]
         seq = group.seqs[0]
-        while seq.num_output_tokens == 0 and group.finish_time is None:  # until its prefill is computed
-            self.step()
-        if group.finish_time is not None:  # refused or ended with an error: it never ran
-            self.step()
-            raise ValueError(f"prefix: could not be computed ({group.error or 'it ended before its prefill'})")
-        blocks = bm.pin_prefix(seq.seq_id, request.prompt, request.cache_salt)
-        self.abort(request_id)
-        self.step()  # reports (and forgets) the ended request
-        return len(blocks)
+        try:
+            while seq.num_output_tokens == 0 and group.finish_time is None:  # until its prefill is computed
+                self.step()
+            if group.finish_time is not None:  # refused or ended with an error: it never ran
+                raise ValueError(f"prefix: could not be computed ({group.error or 'it ended before its prefill'})")
+            return self.scheduler.block_manager.pin_prefix(seq.seq_id, request.prompt, request.cache_salt)
+        finally:
+            if group.finish_time is None:
+                self.abort(request_id)
+            while self.has_unfinished():  # reports (and forgets) the ended request
+                self.step()
 
     def has_unfinished(self) -> bool:
         """True while any request waits, runs, is swapped out, or has an unreported output."""

@@ -58,7 +58,8 @@ class CacheConfig:
     # activations and the KV pool may take together (vLLM's --gpu-memory-utilization)
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None  # KV pool bytes per device, instead of gpu_memory_utilization
-    num_host_blocks: int = 984  # host (CPU) swap blocks; 0 disables swap; paper: <= device blocks
+    # Host (CPU) swap blocks; 0 disables swap (swap-outs take no host-tier block either); paper: <= device blocks
+    num_host_blocks: int = 984
     watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
     enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
     # Host blocks added to the host pool for the prefix cache's second tier: evicted cached blocks

@@ -32,7 +32,7 @@ def _serve_parser(sub) -> None:
                         help="fraction of device memory (on CPU: of free host memory) for the weights, the largest "
                              "step's activations and the KV pool, which gets the rest (default 0.9)")
     engine.add_argument("--kv-cache-memory-bytes", type=int, help="KV pool bytes per device, instead of a fraction")
-    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks")
+    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks (0: no swap)")
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
     engine.add_argument("--enable-prefix-caching", action="store_true", default=None)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, load_config
+from jpaged.config.checks import show
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
 from jpaged.executors.base import Executor
@@ -122,12 +123,27 @@ def load_engine(model: str, config: EngineConfig | str | Path | None = None, tok
     `executor`: one built already for this config (a multi-process run's BroadcastExecutor); None
     builds the real one.
     """
+    pinned_prefixes = _check_prefix_list(pinned_prefixes)
     text = load_tokenizer(model, tokenizer)
     engine = LLMEngine(engine_config(model, config, **engine_args), executor=executor,
                        eos_token_ids=text.eos_token_ids if text is not None else ())
     if text is not None and engine.vocab_size is not None and text.vocab_size > engine.vocab_size:
         raise ValueError(f"tokenizer: {text.vocab_size} ids do not fit the model's vocabulary of {engine.vocab_size}")
     for i, prefix in enumerate(pinned_prefixes):
-        ids, _ = prompt_ids(prefix, text, f"pinned_prefixes[{i}]")
-        engine.pin_prefix(ids)
+        field = f"pinned_prefixes[{i}]"
+        ids, _ = prompt_ids(prefix, text, field)
+        try:
+            engine.pin_prefix(ids)
+        except ValueError as err:  # (the engine names it `prefix`)
+            raise ValueError(f"{field}: {err}") from err
     return engine, text
+
+
+def _check_prefix_list(prefixes: Any) -> list:
+    """`pinned_prefixes` as a list: a list or tuple of prefixes, each a text or a token id list
+    (a bare text or token id list is refused, not read as many one-item prefixes)."""
+    if isinstance(prefixes, (list, tuple)) and not any(isinstance(p, int) for p in prefixes):
+        return list(prefixes)
+    hint = f"; to pin it as one prefix, pass [{show(prefixes)}]" if isinstance(prefixes, (str, list, tuple)) else ""
+    raise TypeError(f"pinned_prefixes: must be a list of prefixes (texts or token id lists), got "
+                    f"{type(prefixes).__name__} {show(prefixes)}{hint}")

@@ -124,6 +124,72 @@ def test_pinned_prefix_stays_and_its_partial_block_is_shared_copy_on_write():
         bm.pin_prefix(3, [1, 2, 3, 4])
 
 
+def test_pin_takes_the_trees_copies_and_adopts_what_it_lacks():
+    bm = BlockManager(10, 4, 0, 40, watermark=0.0, enable_prefix_caching=True, num_host_cache_blocks=4)
+    prefix = list(range(1, 9))  # two full blocks
+    _serve(bm, 1, prefix)
+    cached = [n.block for n in bm.prefix_cache.path([(1, 2, 3, 4), (5, 6, 7, 8)], None)]
+    # A prompt of exactly the prefix recomputes its last block (a match never covers the last token):
+    # its own copy is not the tree's, and the pin takes the tree's.
+    allocate(bm, 2, 8, bm.match_prefix(prefix))
+    bm.cache_blocks(2, prefix)
+    own = bm.rows.blocks_of(bm.rows.row_of(2))[1]
+    assert own != cached[1]
+    assert bm.pin_prefix(2, prefix) == cached and bm.refcount[cached].tolist() == [2, 1]
+    assert cached[1] not in bm.prefix_cache.evictable  # referenced by the pin now
+    bm.free(2)
+    assert bm.refcount[own] == 0 and bm.num_free_blocks == 9 - 2 and bm.num_pinned_blocks == 2
+    # Pinning what the tree holds takes a reference, nothing else; a start of a pin shares its blocks.
+    assert bm.pin_cached(prefix[:4]) == cached[:1] and bm.num_pinned_blocks == 2
+    assert bm.refcount[cached].tolist() == [2, 1]
+    assert bm.pin_cached(prefix + [9]) is None and bm.pin_cached([7, 7, 7, 7]) is None  # to compute first
+    # A block the tree keeps in the host tier: the sequence's own copy becomes the node's, no copy back.
+    _serve(bm, 3, [20, 21, 22, 23, 24, 25, 26, 27, 28])
+    allocate(bm, 4, 28)  # 7 blocks: evicts the unpinned cached ones to the host tier
+    bm.free(4)
+    tier = bm.prefix_cache.host
+    assert tier.num_blocks == 2
+    other = [20, 21, 22, 23, 24, 25, 26, 27]
+    allocate(bm, 5, 8, bm.match_prefix(other))  # its first block promoted, its last one its own
+    blocks = bm.rows.blocks_of(bm.rows.row_of(5))
+    assert [dst for _, dst in tier.take_ops()[1]] == blocks[:1] and tier.num_blocks == 1
+    assert bm.pin_prefix(5, other) == blocks and tier.num_blocks == 0 and tier.take_ops() == ([], [])
+    assert [n.block for n in bm.prefix_cache.path([(20, 21, 22, 23), (24, 25, 26, 27)], None)] == blocks
+    bm.free(5)
+    assert bm.num_pinned_blocks == 4 and bm.num_free_blocks == 9 - 4
+
+
+def test_fit_rule_counts_only_the_pinned_blocks_a_prompt_does_not_share():
+    bm = BlockManager(8, 4, 0, 40, watermark=0.0, enable_prefix_caching=True)
+    prefix = list(range(1, 17))  # four full blocks: 3 of the 7 left
+    allocate(bm, 1, 16)
+    bm.cache_blocks(1, prefix)
+    bm.pin_prefix(1, prefix)
+    bm.free(1)
+    sharing = prefix + [30, 31, 32, 33, 34]  # 6 blocks, 4 of them pinned and shared
+    hits = bm.match_prefix(sharing)
+    assert bm.num_shared_pinned(hits) == 4
+    assert bm.fits(len(sharing) + 1, hits=hits) and not bm.fits(len(sharing) + 1)
+    assert bm.fits(len(sharing) + 4, hits=hits) and not bm.fits(len(sharing) + 8, hits=hits)  # 3 own: fits; 4: not
+    tail = prefix[:14]  # a pin ending inside a block: its partial block is copied when written
+    allocate(bm, 2, 14, bm.match_prefix(tail))
+    bm.cache_blocks(2, tail)
+    bm.pin_prefix(2, tail)
+    bm.free(2)
+    assert bm.num_pinned_blocks == 5
+    hits = bm.match_prefix(tail + [40, 41])
+    assert hits.partial and bm.num_shared_pinned(hits) == 3
+
+
+def test_no_swap_space_means_no_swap_out_even_with_a_host_tier():
+    bm = BlockManager(8, 4, 0, 40, watermark=0.0, enable_prefix_caching=True, num_host_cache_blocks=4)
+    allocate(bm, 1, 8)
+    assert bm.swap.num_blocks == 4 and not bm.swap.can_swap_out([1])
+    with pytest.raises(ValueError, match="no swap space"):
+        bm.swap.swap_out([1])
+    assert BlockManager(8, 4, 2, 40, enable_prefix_caching=True, num_host_cache_blocks=4).swap.swaps
+
+
 def test_lru_policy_orders_by_release():
     policy = LRUPolicy()
     for block in (3, 1, 2):

@@ -39,8 +39,9 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int, max_model_len: int,
                  watermark: float = 0.01, max_seqs: int = 256, enable_prefix_caching: bool = False,
                  num_host_cache_blocks: int = 0, eviction_policy: str = "lru"):
-        """`num_host_blocks` host blocks of swap space, and `num_host_cache_blocks` more that the
-        prefix cache's host tier may hold (one pool: `jpaged.core.kv.host_tier`); `eviction_policy`
+        """`num_host_blocks` host blocks of swap space (0: no swap), and `num_host_cache_blocks`
+        more that the prefix cache's host tier may hold (one pool: `jpaged.core.kv.host_tier`;
+        swap-outs may take the tier's blocks too, but only with swap space); `eviction_policy`
         orders both tiers' evictions (`jpaged.core.kv.eviction.POLICIES`)."""
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
@@ -59,7 +60,7 @@ class BlockManager:
         self.rows = RowStore(block_size, -(-max_model_len // block_size), max(1, max_seqs) + 1)
         # Row -> how far its blocks are in the prefix cache as its own (PrefixCache.insert's path).
         self._cache_paths: dict[int, tuple] = {}
-        self.swap = SwapSpace(self, num_host_blocks + num_host_cache_blocks)
+        self.swap = SwapSpace(self, num_host_blocks + num_host_cache_blocks, swaps=num_host_blocks > 0)
         # Cached blocks without references stay off the free list until evicted on demand.
         self.prefix_cache = None
         self.host_tier = None  # the prefix cache's second tier, in host memory
@@ -71,12 +72,18 @@ class BlockManager:
             self.swap.tier = self.host_tier
         # Unreferenced cached blocks: as good as free (evicted on demand).
         self._reclaimable = self.prefix_cache.evictable if self.prefix_cache is not None else ()
-        # (salt, prefix tokens) -> the blocks its pin holds (`pin_prefix`).
+        # (salt, prefix tokens) -> the blocks its pin holds (`pin_prefix`); pins of prefixes that
+        # start alike hold the same blocks, each pin a reference of its own.
         self.pinned: dict[tuple[Hashable, tuple[int, ...]], list[int]] = {}
-        self.num_pinned_blocks = 0
-        self._num_cache_events = 0  # prefix-cache inserts and host frees (`num_events`)
+        self._pinned_blocks: set[int] = set()  # the distinct blocks of `pinned`
+        self._num_cache_events = 0  # prefix-cache inserts, pins and host frees (`num_events`)
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Distinct device blocks the pins hold (never free again)."""
+        return len(self._pinned_blocks)
 
     @property
     def num_free_blocks(self) -> int:
@@ -124,15 +131,26 @@ class BlockManager:
         keys = block_keys(token_ids, self.block_size, keys)
         return self.prefix_cache.match(keys, cache_salt, (len(token_ids) - 1) // self.block_size, token_ids)
 
-    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
+    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0,
+             hits: PrefixHit = NO_HIT) -> bool:
         """Whether a group could ever hold its blocks here (every block free but the pinned
         prefixes'): its first sequence's `num_tokens` tokens within the block table, and with
-        `extra_blocks` more (its other sequences' own blocks) within the pool. `width` and
-        `final_len` do not matter: paged blocks are taken as tokens come and forks share them (a
-        group that outgrows the pool later is the scheduler's to end)."""
+        `extra_blocks` more (its other sequences' own blocks) within the pool. The full pinned
+        blocks of its cached prefix `hits` (`match_prefix`) are shared, not its own: they take
+        nothing more from the pool. `width` and `final_len` do not matter: paged blocks are taken
+        as tokens come and forks share them (a group that outgrows the pool later is the
+        scheduler's to end)."""
         need = -(-num_tokens // self.block_size)
         return (need <= self.rows.max_blocks_per_seq
-                and need + extra_blocks <= self.num_blocks - 1 - self.num_pinned_blocks)
+                and need - self.num_shared_pinned(hits) + extra_blocks <= self.num_blocks - 1 - self.num_pinned_blocks)
+
+    def num_shared_pinned(self, hits: PrefixHit) -> int:
+        """Pinned blocks a sequence with the cached prefix `hits` maps as they are: its full
+        device blocks that a pin holds (a pinned partial block is copied when written)."""
+        pinned = self._pinned_blocks
+        if not pinned or not hits.blocks:
+            return 0
+        return sum(1 for b in hits.blocks[: len(hits.blocks) - hits.partial] if b in pinned)
 
     def can_admit(self, num_tokens: int, num_scheduled: int, hits: PrefixHit = NO_HIT, *, width: int = 1,
                   final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:
@@ -186,12 +204,29 @@ class BlockManager:
         rows.token_cells[row] = hits.num_tokens
         return row
 
+    def pin_cached(self, token_ids: list[int], cache_salt: Hashable = None) -> list[int] | None:
+        """Pins a prefix the cache holds: every block of it full and cached on the device (or it
+        is pinned already). Returns the pinned blocks, or None (nothing changes) when some of it
+        must be computed first (`pin_prefix`)."""
+        if self.prefix_cache is None:
+            raise ValueError("enable_prefix_caching: pinning a prefix needs the prefix cache")
+        key = (cache_salt, tuple(token_ids))
+        if key in self.pinned:
+            return self.pinned[key]
+        full, rest = divmod(len(token_ids), self.block_size)
+        nodes = self.prefix_cache.path(block_keys(token_ids, self.block_size), cache_salt)
+        if rest or len(nodes) < full or any(n.on_host for n in nodes):
+            return None
+        return self._hold_pin(key, [n.block for n in nodes])
+
     def pin_prefix(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None) -> list[int]:
-        """Pins the blocks of resident sequence `seq_id` that hold its first `len(token_ids)`
-        tokens (`token_ids`, computed and cached: their full blocks are in the prefix cache): they
-        hold a reference of the pin from now on, so they are never evicted, and a partial last
-        block is kept for prompts that continue the prefix (`PrefixCache.pin_tail`). Returns the
-        pinned blocks; a prefix pinned already keeps its first blocks (nothing changes)."""
+        """Pins the first `len(token_ids)` tokens (`token_ids`) of resident sequence `seq_id`,
+        computed: its full blocks are the prefix cache's (the tree's own device copies where it
+        has them, else the sequence's blocks join the tree: `PrefixCache.adopt`), and a partial
+        last block, the sequence's, is kept for prompts that continue the prefix
+        (`PrefixCache.pin_tail`). The blocks hold a reference of the pin from now on, so they are
+        never evicted. Returns the pinned blocks; a prefix pinned already keeps its first blocks
+        (nothing changes)."""
         if self.prefix_cache is None:
             raise ValueError("enable_prefix_caching: pinning a prefix needs the prefix cache")
         bs, rows = self.block_size, self.rows
@@ -202,17 +237,24 @@ class BlockManager:
             raise ValueError(f"pin_prefix: sequence {seq_id} holds {rows.num_slots(seq_id)} tokens, "
                              f"fewer than the {len(token_ids)} to pin")
         full = len(token_ids) // bs
-        blocks = rows.blocks_of(rows.row_of(seq_id))[: -(-len(token_ids) // bs)]
+        own = rows.blocks_of(rows.row_of(seq_id))[: -(-len(token_ids) // bs)]
         keys = block_keys(token_ids, bs)
-        if [n.block for n in self.prefix_cache.path(keys, cache_salt)] != blocks[:full]:
-            raise ValueError(f"pin_prefix: sequence {seq_id}'s full blocks are not the cached ones")
+        blocks = self.prefix_cache.adopt(keys, cache_salt, own[:full]) + own[full:]
         if full < len(blocks):
             self.prefix_cache.pin_tail(keys, cache_salt, tuple(token_ids[full * bs:]), blocks[-1])
+        return self._hold_pin(key, blocks)
+
+    def _hold_pin(self, key: tuple[Hashable, tuple[int, ...]], blocks: list[int]) -> list[int]:
+        """Gives the pin `key` a reference on each of `blocks` (distinct device blocks)."""
         refs = self._refs
+        unreferenced = [b for b in blocks if refs[b] == 0]
+        if unreferenced:  # cached blocks nobody referenced: no longer evictable
+            self.prefix_cache.touch(unreferenced)
         for block in blocks:
             refs[block] += 1
+        self._pinned_blocks.update(blocks)
         self.pinned[key] = blocks
-        self.num_pinned_blocks += len(blocks)
+        self._num_cache_events += 1  # the pool's free blocks and the fit rule changed
         return blocks
 
     def cache_blocks(self, seq_id: int, token_ids: list[int], cache_salt: Hashable = None,

@@ -4,7 +4,8 @@ The host pool is the swap space's (`jpaged.core.kv.swap_space`): one pool of hos
 preempted groups and this tier. The tier holds at most `capacity` of them; its blocks are never
 referenced by a sequence, so they are as good as free to the swap space, which takes them back
 (`evict`) when a preempted group needs room: the cache never starves a preemption. Swapped-out
-blocks are never evicted.
+blocks are never evicted. Without swap space (cache.num_host_blocks = 0) nothing swaps out: the
+pool is the tier's alone, and preempted groups are recomputed.
 
 When the device tier evicts a cached block (`PrefixCache.evict_many`), the tier takes a host
 block (a free one within its capacity, else it evicts one of its own leaves by its policy) and

@@ -76,11 +76,20 @@ class KVCacheManager(Protocol):
     def cache_stats(self) -> dict:
         """The prefix cache's figures, `NO_CACHE_STATS`'s keys (asked only when `prefix_cache` is set)."""
 
-    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
-        """The fit rule: whether a group could ever run in this pool, every block free: its first
-        sequence of `num_tokens` tokens, growing to `final_len` (None: not known yet), `width`
-        sequences at most, `extra_blocks` more for its other sequences' own blocks. False means
-        reject: at the door (`request_checks`), at admission (a recomputed group that outgrew it)."""
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Distinct device blocks held by pinned prefixes: never free (0 without prefix caching)."""
+
+    def num_shared_pinned(self, hits: PrefixHit) -> int:
+        """Pinned blocks a sequence whose cached prefix is `hits` maps as they are (not its own)."""
+
+    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0,
+             hits: PrefixHit = NO_HIT) -> bool:
+        """The fit rule: whether a group could ever run in this pool, every block free but the
+        pinned ones it does not share: its first sequence of `num_tokens` tokens with the cached
+        prefix `hits`, growing to `final_len` (None: not known yet), `width` sequences at most,
+        `extra_blocks` more for its other sequences' own blocks. False means reject: at the door
+        (`request_checks`), at admission (a recomputed group that outgrew it)."""
 
     def can_admit(self, num_tokens: int, num_scheduled: int, hits: PrefixHit = NO_HIT, *, width: int = 1,
                   final_len: int | None = None, headroom: int | None = None, extra_blocks: int = 0) -> bool:

@@ -233,6 +233,33 @@ class PrefixCache:
             done += 1
         return (node, done) if done else None
 
+    def adopt(self, keys: list[tuple[int, ...]], salt: Hashable, blocks: list[int]) -> list[int]:
+        """The device blocks of the path `keys` (a prefix being pinned), the tree's own copies
+        where it has them on the device; elsewhere `blocks[i]` (a resident sequence's block
+        holding the tokens `keys[i]`, not in the tree) becomes the node's block: a new node, or a
+        host node brought back without a copy (its host block is freed)."""
+        node = self._roots.get(salt)
+        if node is None:
+            node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+        path = []
+        for key, block in zip(keys, blocks):
+            child = node.children.get(key)
+            if child is None or child.on_host:
+                if block in self._node_of_block:
+                    raise ValueError(f"adopt: block {block} is cached already under another prefix")
+                if child is None:
+                    child = Node(key, block, node, hash((node.digest, key)) if self._digests else 0)
+                    node.children[key] = child
+                    node.device_children += 1
+                    self._node_of_block[block] = child
+                    if self._digests:
+                        self.policy.entered(child.digest)
+                else:  # (device nodes sit above host nodes: its parent is on the device)
+                    self.promote(self.host.detach([child.block]), [block])
+            path.append(child.block)
+            node = child
+        return path
+
     def pin_tail(self, keys: list[tuple[int, ...]], salt: Hashable, tokens: tuple[int, ...], block: int) -> None:
         """Keeps `block`, holding `tokens` (fewer than a block) after the full blocks `keys` of a
         pinned prefix, for prompts that continue past it (the caller holds its reference)."""

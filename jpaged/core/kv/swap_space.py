@@ -59,11 +59,14 @@ class CachedBlocks(Protocol):
 class SwapSpace:
     """Host blocks, their reference counts and the host tables of swapped-out sequences."""
 
-    def __init__(self, device: DevicePool, num_blocks: int):
+    def __init__(self, device: DevicePool, num_blocks: int, swaps: bool = True):
+        """`num_blocks` host blocks, the host tier's included; `swaps` False (cache.num_host_blocks
+        = 0): groups never swap out, the pool is the host tier's alone."""
         if num_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_blocks}")
         self.device = device  # the device pool the blocks move between
-        self.num_blocks = num_blocks  # host blocks (0: no swap space), the host tier's included
+        self.num_blocks = num_blocks  # host blocks, the host tier's included
+        self.swaps = swaps and num_blocks > 0  # preempted groups may swap out
         self._refs, self.refcount = int32_cells((num_blocks,))  # [H] references from host tables
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: the lowest id first
         self.tier: CachedBlocks | None = None  # the prefix cache's host tier, set by its block manager
@@ -102,8 +105,9 @@ class SwapSpace:
         return seq_id in self._tables
 
     def can_swap_out(self, seq_ids: list[int]) -> bool:
-        """Whether the host pool has room for every distinct block of these resident sequences."""
-        if self.num_blocks == 0:
+        """Whether the host pool has room for every distinct block of these resident sequences
+        (never without swap space)."""
+        if not self.swaps:
             return False
         blocks, _ = _unique_blocks(self.device.rows.table, seq_ids)
         return len(blocks) <= len(self._free) + (self.tier.num_blocks if self.tier is not None else 0)
@@ -114,7 +118,7 @@ class SwapSpace:
         A block shared inside the group is copied once and stays shared on the host. A block also
         referenced outside the group keeps its device copy for those references.
         """
-        if self.num_blocks == 0:
+        if not self.swaps:
             raise ValueError("cannot swap out: no swap space (cache.num_host_blocks = 0)")
         device, rows = self.device, self.device.rows
         for s in seq_ids:

@@ -98,7 +98,8 @@ class Admission:
             shares = [rejoin.share(f) for f in followers] if followers else []
             unique_blocks = (sum(rows.blocks_for(len(f.token_ids)) - share.blocks for f, share in zip(followers, shares))
                              if followers else 0)
-            if not kv.fits(num_tokens, width=group.width, final_len=group.max_total_len, extra_blocks=unique_blocks):
+            if not kv.fits(num_tokens, width=group.width, final_len=group.max_total_len, extra_blocks=unique_blocks,
+                           hits=hits):
                 self.waiting.popleft()
                 step.rejected.append((group, f"needs {rows.blocks_for(num_tokens) + unique_blocks} KV blocks, "
                                              f"more than the pool can ever give ({kv.num_usable_blocks} blocks)"))

@@ -14,6 +14,7 @@ from typing import Any, Container, NamedTuple
 from jpaged.config import SchedulerConfig
 from jpaged.config.checks import check_float, check_str, check_token_ids, show
 from jpaged.core.kv.kv_manager import KVCacheManager
+from jpaged.core.kv.prefix_cache import NO_HIT
 from jpaged.core.sequence import SamplingParams
 
 
@@ -30,10 +31,12 @@ class CheckedRequest(NamedTuple):
 def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, arrival_time: Any,
                   cache_salt: Any, *,
                   scheduler: SchedulerConfig, kv: KVCacheManager, vocab_size: int | None, in_use: Container[str],
-                  prompt_field: str = "prompt_token_ids", params_field: str = "sampling_params") -> CheckedRequest:
+                  prompt_field: str = "prompt_token_ids", params_field: str = "sampling_params",
+                  subject: str | None = None) -> CheckedRequest:
     """Every argument of `LLMEngine.add_request` checked against its type and the engine's limits
     (`scheduler`, the pool of `kv`, the model's vocabulary; ids `in_use` are taken). Raises TypeError
-    or ValueError naming the field (`prompt_field` / `params_field` as the caller calls them)."""
+    or ValueError naming the field (`prompt_field` / `params_field` as the caller calls them);
+    errors about the prompt's length name it `subject` (default "request '<id>': prompt")."""
     request_id = check_str("request_id", request_id)
     if request_id in in_use:
         raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -44,17 +47,24 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
     cache_salt = check_str("cache_salt", cache_salt, optional=True)
     if arrival_time is not None:
         arrival_time = check_float("arrival_time", arrival_time)
+    subject = f"request {request_id!r}: prompt" if subject is None else subject
     if len(prompt) >= scheduler.max_model_len:
-        raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate "
+        raise ValueError(f"{subject} of {len(prompt)} tokens leaves no room to generate "
                          f"within max_model_len={scheduler.max_model_len}")
     if scheduler.policy == "paper" and len(prompt) > scheduler.max_num_batched_tokens:
-        raise ValueError(f"request {request_id!r}: prompt of {len(prompt)} tokens exceeds "
+        raise ValueError(f"{subject} of {len(prompt)} tokens exceeds "
                          f"max_num_batched_tokens={scheduler.max_num_batched_tokens} (policy 'paper' prefills "
                          f"whole prompts; policy 'chunked' splits them)")
-    if not kv.fits(len(prompt) + 1):  # the prompt and its first token (outgrowing the pool later ends it then)
-        raise ValueError(f"request {request_id!r}: {len(prompt)} prompt tokens need "
-                         f"{kv.rows.blocks_for(len(prompt) + 1)} KV blocks; the pool has {kv.num_usable_blocks} "
-                         f"(cache.num_blocks - 1)")
+    # The pinned blocks its cached prefix maps are shared, not its own (none for a prompt that
+    # wants log-probabilities: it computes every position, as admission does).
+    pinned = kv.num_pinned_blocks
+    hits = kv.match_prefix(prompt, cache_salt) if pinned and sampling_params.prompt_logprobs is None else NO_HIT
+    if not kv.fits(len(prompt) + 1, hits=hits):  # the prompt and its first token (outgrowing the pool later ends it)
+        shared = kv.num_shared_pinned(hits)
+        raise ValueError(f"{subject} of {len(prompt)} tokens needs {kv.rows.blocks_for(len(prompt) + 1)} KV blocks"
+                         + (f" ({shared} of them pinned and shared)" if shared else "")
+                         + f"; the pool has {kv.num_usable_blocks} (cache.num_blocks - 1)"
+                         + (f", {pinned} of them held by pinned prefixes" if pinned else ""))
     if sampling_params.bad_words and not sampling_params.bad_words_token_ids:
         raise ValueError(f"{params_field}.bad_words: need a tokenizer (the text front end turns them into "
                          f"bad_words_token_ids); without one, give bad_words_token_ids")

@@ -102,6 +102,7 @@ class PrometheusObserver(EngineObserver):
             stats = engine.prefix_cache_stats()
             self._cache_counts = {"evictions_device": stats["prefix_cache_evictions"],
                                   **{key: stats[f"host_cache_{key}"] for key in self.host_counters}}
+        self._read_gauges(engine)  # the gauges hold from now on (pinned prefixes were stored before serving)
         engine.observers.append(self)
 
     def on_step_executed(self, engine: LLMEngine, out: SchedulerOutput, result: ModelOutput, start: float,
@@ -150,6 +151,10 @@ class PrometheusObserver(EngineObserver):
             self.tpot.observe((group.finish_time - group.first_token_time) / (num_output - 1))
 
     def on_step_end(self, engine: LLMEngine, out: SchedulerOutput, outputs: list[RequestOutput], end: float) -> None:
+        self._read_gauges(engine)
+
+    def _read_gauges(self, engine: LLMEngine) -> None:
+        """The queues, KV usage and prefix-cache series as the engine stands now."""
         scheduler = engine.scheduler
         bm = scheduler.block_manager
         self.running.set(len(scheduler.running))

@@ -35,6 +35,7 @@ class ContiguousBlockManager:
     (implements `kv_manager.KVCacheManager`)."""
 
     prefix_cache = None  # no prefix sharing in the contiguous baselines
+    num_pinned_blocks = 0  # (so no pinned prefix either)
     swap = None  # no swap space: Orca never preempts (nothing grows past its reservation)
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, policy: Policy,
@@ -104,11 +105,17 @@ class ContiguousBlockManager:
         """Always NO_HIT: the contiguous baselines share no prefix."""
         return NO_HIT
 
-    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0) -> bool:
+    def num_shared_pinned(self, hits: PrefixHit) -> int:
+        """Always 0: nothing is pinned here."""
+        return 0
+
+    def fits(self, num_tokens: int, *, width: int = 1, final_len: int | None = None, extra_blocks: int = 0,
+             hits: PrefixHit = NO_HIT) -> bool:
         """Whether `width` regions for sequences of `num_tokens` tokens growing to `final_len` could
         ever be placed, the buddy empty (a block of order o holds 2^(o - k) regions of order k).
         Before the reservation can be sized (`final_len` None: the door checks the prompt) only
-        the tokens themselves must fit. (`extra_blocks`: none here; forks take reserved regions.)"""
+        the tokens themselves must fit. (`extra_blocks`: none here; forks take reserved regions;
+        `hits`: always NO_HIT here.)"""
         if final_len is None:
             need = self.rows.blocks_for(num_tokens)
             return need <= self.rows.max_blocks_per_seq and need <= self.num_usable_blocks
