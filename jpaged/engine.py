@@ -9,6 +9,7 @@ built lazily.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -56,13 +57,15 @@ class LLMEngine:
         `ignore_eos` (the text front ends pass the tokenizer's; token-level users may leave none)."""
         if not isinstance(config, EngineConfig):
             raise TypeError(f"config: must be an EngineConfig, got {type(config).__name__}")
-        self.config = config
         self.eos_token_ids = tuple(eos_token_ids)
-        self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
         if executor is not None and not isinstance(executor, Executor):
             raise TypeError(f"executor: must implement the Executor protocol (execute(plan), now(), vocab_size, "
                             f"num_compilations), got {type(executor).__name__}")
+        # The executor first: a pool sized from memory (cache.num_blocks None) is sized once the
+        # weights are loaded, and the scheduler's block manager takes its count.
         self.executor = executor if executor is not None else _default_executor(config)
+        self.config = config = sized_config(config, self.executor)
+        self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
         self.overlapped = config.scheduler.async_scheduling
         if self.overlapped:
             _check_overlap(self.scheduler, self.executor)
@@ -359,9 +362,11 @@ class LLMEngine:
         return ids
 
     def kv_stats(self) -> dict:
-        """Block pool and preemption counters."""
+        """Block pool and preemption counters, and the pool's size."""
         bm = self.scheduler.block_manager
         swap = bm.swap  # (None: a manager without swap space)
+        size = getattr(self.executor, "kv_cache", None)  # jpaged.models.kv_pool.KVCacheSize of a device pool
+        block_size = self.config.cache.block_size
         return {
             "num_total_blocks": bm.num_usable_blocks,
             "num_free_blocks": bm.num_free_blocks,
@@ -369,6 +374,13 @@ class LLMEngine:
             "num_free_host_blocks": swap.num_free_blocks if swap is not None else 0,
             "num_preemptions": self.scheduler.num_preemptions,
             "kv_usage": usage(bm),
+            # The pool's size (vLLM's start-up figures): blocks with block 0, their bytes on one device
+            # (None: an executor without a device pool, e.g. the simulator), and how many requests of
+            # max_model_len tokens it holds at once.
+            "num_blocks": bm.num_usable_blocks + 1,
+            "block_size": block_size,
+            "kv_cache_bytes": size.bytes if size is not None else None,
+            "max_concurrency": bm.num_usable_blocks / -(-self.config.scheduler.max_model_len // block_size),
             "num_compilations": self.executor.num_compilations,
             **self.prefix_cache_stats(),
         }
@@ -389,6 +401,15 @@ def _check_overlap(scheduler: Scheduler, executor: Executor) -> None:
         # The rule gates admission around every step, which a step scheduled ahead would skip.
         raise ValueError(f"scheduler.async_scheduling: not supported with {type(scheduler.batching).__name__} "
                          f"(it gates admission step by step); set async_scheduling to false")
+
+
+def sized_config(config: EngineConfig, executor: Executor) -> EngineConfig:
+    """`config` with the block count of the device pool `executor` sized from memory where
+    cache.num_blocks is None (its `kv_cache`, jpaged.executors.kv_sizing); otherwise `config`."""
+    size = getattr(executor, "kv_cache", None)
+    if config.cache.num_blocks is not None or size is None:
+        return config
+    return dataclasses.replace(config, cache=dataclasses.replace(config.cache, num_blocks=size.num_blocks))
 
 
 def _default_executor(config: EngineConfig) -> Executor:

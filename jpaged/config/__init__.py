@@ -27,6 +27,9 @@ MAX_BLOCKS = 2**24  # device or host blocks (the free lists are Python lists)
 MAX_NUM_SEQS = 2**16  # block-table rows
 MAX_TOKENS = 2**24  # max_model_len, token budgets (positions are int32)
 MAX_TABLE_ENTRIES = 2**28  # block-table entries: rows x blocks per sequence
+# The simulator's device pool when cache.num_blocks is None (it has no memory to size one from):
+# OPT-13B on an A100-40GB, the paper's set-up (15,728 slots / 16 + block 0).
+SIM_NUM_BLOCKS = 984
 
 
 def _check(condition: bool, field: str, message: str) -> None:
@@ -47,7 +50,14 @@ class CacheConfig:
     cache's host tier, one pool), prefix caching and its eviction policy."""
 
     block_size: int = 16  # tokens per KV block (paper default 16)
-    num_blocks: int = 984  # device blocks incl. reserved block 0 (OPT-13B/A100-40GB: 15,728 slots / 16 + 1)
+    # Device blocks incl. reserved block 0. None: sized from memory where the real executor is built,
+    # after the weights load (jpaged.executors.kv_sizing: kv_cache_memory_bytes, else
+    # gpu_memory_utilization); the simulator takes SIM_NUM_BLOCKS. Given, it wins over both.
+    num_blocks: int | None = None
+    # Fraction of device memory (on CPU: of free host memory) the weights, the largest step's
+    # activations and the KV pool may take together (vLLM's --gpu-memory-utilization)
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None  # KV pool bytes per device, instead of gpu_memory_utilization
     # Host (CPU) swap blocks; 0 disables swap (swap-outs take no host-tier block either); paper: <= device blocks
     num_host_blocks: int = 984
     watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
@@ -62,7 +72,9 @@ class CacheConfig:
     def __post_init__(self) -> None:
         _normalise(self, "cache", {
             "block_size": lambda f, v: check_int(f, v, 1, MAX_BLOCK_SIZE),
-            "num_blocks": lambda f, v: check_int(f, v, 2, MAX_BLOCKS),
+            "num_blocks": lambda f, v: None if v is None else check_int(f, v, 2, MAX_BLOCKS),
+            "gpu_memory_utilization": lambda f, v: check_float(f, v, 0.0, 1.0, lo_open=True),
+            "kv_cache_memory_bytes": lambda f, v: None if v is None else check_int(f, v, 1),
             "num_host_blocks": lambda f, v: check_int(f, v, 0, MAX_BLOCKS),
             "watermark": lambda f, v: check_float(f, v, 0.0, 1.0, hi_open=True),
             "enable_prefix_caching": check_bool,
@@ -71,9 +83,10 @@ class CacheConfig:
         })
         _check(self.block_size & (self.block_size - 1) == 0, "cache.block_size",
                f"must be a power of two in [1, {MAX_BLOCK_SIZE}], got {self.block_size}")
-        _check(self.num_blocks * self.block_size < INT32_LIMIT, "cache.num_blocks",
-               f"num_blocks x block_size = {self.num_blocks * self.block_size} slots must be < 2**31 "
-               f"(slot ids are int32), got num_blocks={self.num_blocks}")
+        if self.num_blocks is not None:
+            _check(self.num_blocks * self.block_size < INT32_LIMIT, "cache.num_blocks",
+                   f"num_blocks x block_size = {self.num_blocks * self.block_size} slots must be < 2**31 "
+                   f"(slot ids are int32), got num_blocks={self.num_blocks}")
         _check(self.num_host_cache_blocks == 0 or self.enable_prefix_caching, "cache.num_host_cache_blocks",
                f"a host tier ({self.num_host_cache_blocks} blocks) caches prefix blocks: it needs "
                f"cache.enable_prefix_caching: true (or num_host_cache_blocks: 0)")
@@ -84,7 +97,15 @@ class CacheConfig:
     @property
     def num_usable_blocks(self) -> int:
         """Device blocks that can hold tokens (block 0 is the padding target)."""
-        return self.num_blocks - 1
+        return self.sized_num_blocks - 1
+
+    @property
+    def sized_num_blocks(self) -> int:
+        """num_blocks, which must be known by now: ValueError while it is still to be sized from memory."""
+        _check(self.num_blocks is not None, "cache.num_blocks",
+               "None (size from memory) is resolved where the real executor is built (LLMEngine, LLM, "
+               "jpaged serve); here a block count is needed")
+        return self.num_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +191,8 @@ class EngineConfig:
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"{name}: must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
         check_choice("executor", self.executor, ("jax", "sim"))
+        if self.executor == "sim" and self.cache.num_blocks is None:  # no device memory to size from
+            object.__setattr__(self, "cache", dataclasses.replace(self.cache, num_blocks=SIM_NUM_BLOCKS))
         entries = self.scheduler.max_num_seqs * -(-self.scheduler.max_model_len // self.cache.block_size)
         _check(entries <= MAX_TABLE_ENTRIES, "scheduler.max_num_seqs",
                f"max_num_seqs x ceil(max_model_len / block_size) = {entries} block-table entries, more than "

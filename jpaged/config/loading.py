@@ -66,12 +66,13 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise ValueError(f"{source}: {key} must be one of {list(typing.get_args(tp))}, got {show(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
+        arms = [arm for arm in typing.get_args(tp) if arm is not type(None)]
+        if value is None and len(arms) < len(typing.get_args(tp)):
+            return None
+        if len(arms) == 1:  # an optional X: a value that is not None is checked as an X, with X's error
+            return _coerce(value, arms[0], key, source)
         errors = []
-        for arm in typing.get_args(tp):
-            if arm is type(None):
-                if value is None:
-                    return None
-                continue
+        for arm in arms:
             try:
                 return _coerce(value, arm, key, source)
             except (TypeError, ValueError) as exc:

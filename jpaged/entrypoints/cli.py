@@ -26,7 +26,12 @@ def _serve_parser(sub) -> None:
     engine.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     engine.add_argument("--max-model-len", type=int)
     engine.add_argument("--block-size", type=int)
-    engine.add_argument("--num-blocks", type=int, help="device KV blocks (block 0 is reserved)")
+    engine.add_argument("--num-blocks", type=int, help="device KV blocks (block 0 is reserved); given, it wins over "
+                                                       "--gpu-memory-utilization and --kv-cache-memory-bytes")
+    engine.add_argument("--gpu-memory-utilization", type=float,
+                        help="fraction of device memory (on CPU: of free host memory) for the weights, the largest "
+                             "step's activations and the KV pool, which gets the rest (default 0.9)")
+    engine.add_argument("--kv-cache-memory-bytes", type=int, help="KV pool bytes per device, instead of a fraction")
     engine.add_argument("--num-host-blocks", type=int, help="host swap blocks (0: no swap)")
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)

@@ -53,8 +53,9 @@ class LLM:
         `tokenizer`: another local HF directory to take the tokenizer from; `warmup`: compile every
         step shape and sampler variant the config can produce now (jpaged.executors.warmup; False:
         each compiles on first use); `engine_args`: config fields by name (block_size, num_blocks,
-        max_num_seqs, max_model_len, dtype, policy, ...) and `pinned_prefixes` (texts or token id
-        lists pre-stored before serving: `pin_prefix`). Compiled programs are cached on disk
+        max_num_seqs, max_model_len, dtype, policy, ...; without num_blocks the KV pool is sized
+        from gpu_memory_utilization or kv_cache_memory_bytes: jpaged.executors.kv_sizing) and
+        `pinned_prefixes` (texts or token id lists pre-stored before serving: `pin_prefix`). Compiled programs are cached on disk
         under $JPAGED_CACHE_DIR (default ~/.cache/jpaged), so a second LLM of the same config
         compiles nothing."""
         self.model = model

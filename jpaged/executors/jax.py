@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.padding import pair_bucket
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
-from jpaged.executors import sampling
+from jpaged.executors import kv_sizing, sampling
 from jpaged.executors.base import PendingStep
 from jpaged.executors.prompt_logprobs import padded_rows, prompt_logprobs
 from jpaged.models import decoder, parallel
@@ -78,8 +79,11 @@ def _check_fits(field: str, num_blocks: int, block_bytes: int, limit: int, where
 class JaxExecutor:
     """Runs StepPlans on the real model with a paged KV pool on the default JAX device(s)."""
 
-    def __init__(self, config: EngineConfig, params: decoder.Params | None = None):
-        """`params` overrides config.model (dummy seeded weights or a local checkpoint).
+    def __init__(self, config: EngineConfig, params: decoder.Params | None = None, *,
+                 memory: Callable[[], kv_sizing.DeviceMemory] = kv_sizing.device_memory):
+        """`params` overrides config.model (dummy seeded weights or a local checkpoint). `memory`:
+        where a pool sized from gpu_memory_utilization reads the device's memory (`kv_cache` is
+        the size it got; jpaged.executors.kv_sizing).
 
         Weights are loaded straight into their shards (jpaged.models.checkpoint.load_params): with
         tensor parallelism no device ever holds a whole model. `params` given in memory are
@@ -101,19 +105,20 @@ class JaxExecutor:
         # Bytes of one block (K and V, every layer) on one device: its share of the KV heads.
         block_bytes = (2 * self.spec.num_layers * (self.spec.num_kv_heads // tp) * cache.block_size
                        * self.spec.head_dim * self.dtype.itemsize)
-        _check_fits("cache.num_blocks", cache.num_blocks, block_bytes, _device_bytes(), "device memory")
         # bfloat16 on CPU is stored as its bits (kv_pool.storage_dtype); the host swap space alike.
         self.kv_dtype = storage_dtype(self.dtype, attention_backend=resolve_backend(model.attention_backend))
-        make_pool = functools.partial(init_kv_pool, self.spec, cache.num_blocks, cache.block_size, self.kv_dtype)
-        if self.mesh is None:
-            # Committed to the device from birth, as every pool a step returns is: jit keys its
-            # programs on that too, and an uncommitted first pool compiled each step twice.
-            self.kv_pool = jax.device_put(make_pool(), jax.local_devices()[0])
-        else:
-            pools = parallel.pool_sharding(self.mesh)
-            self.kv_pool = jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
+        self.block_size = cache.block_size
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,
                                   attention_backend=model.attention_backend, mesh=self.mesh)
+        del params  # the runner may hold its own copy (per-layer weights): the stacked tree goes before sizing
+        # cache.num_blocks, or sized from memory now that the weights are in it (jpaged.executors.kv_sizing).
+        self.kv_cache = kv_sizing.kv_cache_size(
+            config, block_bytes, memory, lambda: kv_sizing.activation_bytes(self.runner, config, self._make_pool(2)))
+        field = ("cache.num_blocks" if cache.num_blocks is not None else "cache.kv_cache_memory_bytes"
+                 if cache.kv_cache_memory_bytes is not None else "cache.gpu_memory_utilization")
+        _check_fits(field, self.kv_cache.num_blocks, block_bytes, _device_bytes(), "device memory")
+        self.kv_pool = self._make_pool(self.kv_cache.num_blocks)
+        logger.info(self.kv_cache.describe())
         # The KV heads this process's devices hold: a contiguous range of the head axis.
         shards = self.kv_pool[0].sharding.addressable_devices_indices_map(self.kv_pool[0].shape)
         heads = [range(self.spec.num_kv_heads)[index[1]] for index in shards.values()]
@@ -136,6 +141,16 @@ class JaxExecutor:
         self._programs: set[tuple] = set()
         self.warmed_up = False  # set by jpaged.executors.warmup.compile_grid: later new programs are logged
         self._start = time.perf_counter()
+
+    def _make_pool(self, num_blocks: int) -> tuple[jax.Array, jax.Array]:
+        """A zeroed device pool of `num_blocks` blocks, on this process's device or split over the mesh."""
+        make_pool = functools.partial(init_kv_pool, self.spec, num_blocks, self.block_size, self.kv_dtype)
+        if self.mesh is None:
+            # Committed to the device from birth, as every pool a step returns is: jit keys its
+            # programs on that too, and an uncommitted first pool compiled each step twice.
+            return jax.device_put(make_pool(), jax.local_devices()[0])
+        pools = parallel.pool_sharding(self.mesh)
+        return jax.jit(make_pool, out_shardings=(pools, pools))()  # born sharded, never whole
 
     @property
     def num_compilations(self) -> int:

@@ -23,6 +23,7 @@ class BroadcastExecutor:
     def __init__(self, inner: Executor, channel: PlanServer):
         self.inner, self.channel = inner, channel
         self.vocab_size = inner.vocab_size
+        self.kv_cache = getattr(inner, "kv_cache", None)  # the device pool's size (jpaged.engine.sized_config)
         self._shapes: set[tuple] = set()  # step shapes sent before (`_shape_key`)
 
     @property

@@ -112,7 +112,7 @@ def grid(config: EngineConfig) -> list[Program]:
     return [*steps, *sampler_programs(seq_sizes), *block_ops(config)]
 
 
-def _padding_plan(step: ModelStep) -> StepPlan:
+def padding_plan(step: ModelStep) -> StepPlan:
     """A plan of `step`'s shape in which every row is padding: tokens write to block 0, no
     sequence has context."""
     tokens, seqs = np.zeros(step.num_tokens, np.int32), np.zeros(step.num_seqs, np.int32)
@@ -158,7 +158,7 @@ def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool 
 
     for step in steps:
         next_program(step)
-        logits[step.num_seqs] = executor.run_model(_padding_plan(step))
+        logits[step.num_seqs] = executor.run_model(padding_plan(step))
         done += 1
         bar.update()
     for program in (p for p in programs if isinstance(p, SamplerProgram)):

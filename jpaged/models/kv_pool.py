@@ -1,4 +1,4 @@
-"""The paged KV pool: allocation and sizing from a memory budget.
+"""The paged KV pool: allocation, its bytes, and how many blocks a memory budget holds.
 
 Layout: a tuple `(k_pool, v_pool)`, each `[num_layers, num_kv_heads, num_blocks, block_size,
 head_dim]`, so one KV head's block is contiguous (what the kernels read). The model step never
@@ -9,11 +9,13 @@ stored as its uint16 bits (`storage_dtype`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jpaged.config import INT32_LIMIT, MAX_BLOCKS
 from jpaged.config.presets import ModelSpec
 
 KVPool = tuple[jax.Array, jax.Array]
@@ -46,38 +48,37 @@ def init_kv_pool(spec: ModelSpec, num_blocks: int, block_size: int, dtype: Any =
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def device_memory_bytes(device: jax.Device | None = None) -> int:
-    """Memory the allocator may use on `device` (default: this process's first device), from its memory
-    stats (a multi-host run's `jax.devices()[0]` may belong to another process, whose stats raise)."""
-    device = device or jax.local_devices()[0]
-    stats = device.memory_stats() or {}
-    if "bytes_limit" not in stats:
-        raise ValueError(f"budget: a fraction of device memory needs memory stats, which {device.platform} "
-                         "does not report; pass the budget in bytes instead")
-    return int(stats["bytes_limit"])
+def num_blocks_for_budget(budget_bytes: int, block_bytes: int, block_size: int) -> int:
+    """Blocks of `block_bytes` that fit in `budget_bytes` (0 for a budget below one block), at most
+    MAX_BLOCKS and fewer than 2**31 slots (slot ids are int32). The count includes block 0."""
+    return max(0, min(budget_bytes // block_bytes, MAX_BLOCKS, (INT32_LIMIT - 1) // block_size))
 
 
-def num_blocks_for_budget(spec: ModelSpec, block_size: int, budget: int | float, dtype: Any = jnp.float32,
-                          *, reserved_bytes: int = 0, device: jax.Device | None = None) -> int:
-    """How many KV blocks fit in `budget` after the parameters (and `reserved_bytes` of activations).
+@dataclasses.dataclass(frozen=True)
+class KVCacheSize:
+    """A device pool's size as the start-up log and `LLMEngine.kv_stats()` report it."""
 
-    `budget` is bytes (an int) or a fraction of device memory (a float in (0, 1]), as vLLM's
-    gpu_memory_utilization. The count includes the reserved block 0; ValueError when not even two
-    blocks fit, naming the bytes that are missing.
-    """
-    if isinstance(budget, float):
-        if not 0.0 < budget <= 1.0:
-            raise ValueError(f"budget: a fraction must be in (0, 1], got {budget}")
-        budget_bytes = int(budget * device_memory_bytes(device))
-    elif isinstance(budget, int) and budget > 0:
-        budget_bytes = budget
-    else:
-        raise ValueError(f"budget must be positive bytes (int) or a fraction in (0, 1] (float), got {budget!r}")
-    block_bytes = block_size * spec.kv_bytes_per_token(dtype)
-    free = budget_bytes - spec.param_bytes(dtype) - reserved_bytes
-    num_blocks = free // block_bytes
-    if num_blocks < 2:
-        raise ValueError(f"budget: {budget_bytes} bytes leave {max(free, 0)} for the KV pool after "
-                         f"{spec.param_bytes(dtype)} bytes of {spec.name} parameters; two blocks need "
-                         f"{2 * block_bytes}")
-    return int(num_blocks)
+    num_blocks: int  # blocks, the reserved block 0 included
+    block_size: int  # tokens per block
+    block_bytes: int  # one block's K and V, every layer, on one device
+    max_model_len: int  # tokens of the longest request
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the pool on one device."""
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def blocks_per_request(self) -> int:
+        """Blocks one request of max_model_len tokens holds."""
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of max_model_len tokens the pool holds at once (block 0 holds none)."""
+        return (self.num_blocks - 1) / self.blocks_per_request
+
+    def describe(self) -> str:
+        """The start-up log line (vLLM's wording)."""
+        return (f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens ({self.bytes / 2**30:.2f} GiB), "
+                f"maximum concurrency for {self.max_model_len} tokens per request: {self.max_concurrency:.2f}x")

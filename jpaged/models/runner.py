@@ -139,6 +139,18 @@ class ModelRunner:
                              f"S={num_seqs}")
         return self._decode(self.params, kv_pool, **arrays)
 
+    def memory_analysis(self, kv_pool: KVPool, plan: StepPlan) -> Any:
+        """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
+        run (None where the backend has none): its temporaries are the step's activation peak
+        (jpaged.executors.kv_sizing)."""
+        step = self._decode if plan.max_query_len == 1 else self._prefill
+        traced = self.num_compilations
+        try:
+            return step.lower(self.params, kv_pool, **self._checked(kv_pool, plan, None)).compile().memory_analysis()
+        finally:
+            # A profile over a pool of another size: no program the engine runs.
+            self.num_compilations = traced
+
     def _checked(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None) -> dict[str, np.ndarray]:
         spec = self.spec
         expected = (spec.num_layers, spec.num_kv_heads, None, self.block_size, spec.head_dim)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 
 from jpaged.config import EngineConfig
 from jpaged.core.sched.scheduler import Scheduler
-from jpaged.engine import LLMEngine
+from jpaged.engine import LLMEngine, sized_config
 from jpaged.paper.baselines.contiguous import ContiguousBlockManager
 from jpaged.paper.baselines.request_level import request_level_scheduler
 from jpaged.paper.sim.config import SimConfig
@@ -58,7 +58,7 @@ def make_scheduler(system: str, config: EngineConfig) -> Scheduler:
         raise ValueError(f"cache.enable_prefix_caching: {system} has no prefix cache; set it false")
     if system == "fastertransformer":
         return request_level_scheduler(sched, cache)
-    manager = ContiguousBlockManager(cache.num_blocks, cache.block_size, sched.max_model_len,
+    manager = ContiguousBlockManager(cache.sized_num_blocks, cache.block_size, sched.max_model_len,
                                      _ORCA_POLICY[system], max_seqs=sched.max_num_seqs)
     return Scheduler(sched, cache, manager)
 
@@ -79,11 +79,11 @@ def make_sim_executor(system: str, config: EngineConfig, sim: SimConfig) -> SimE
 
 def build_engine(system: str, config: EngineConfig, sim: SimConfig | None = None) -> LLMEngine:
     """An LLMEngine serving `system`; `config.executor` picks the simulator (with `sim`) or the real model."""
-    scheduler = make_scheduler(system, config)
     if config.executor == "sim":
         executor = make_sim_executor(system, config, sim or SimConfig())
     else:
         from jpaged.executors.jax import JaxExecutor
 
         executor = JaxExecutor(config)
-    return LLMEngine(config, executor=executor, scheduler=scheduler)
+        config = sized_config(config, executor)  # a pool sized from memory: its block count
+    return LLMEngine(config, executor=executor, scheduler=make_scheduler(system, config))

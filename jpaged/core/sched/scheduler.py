@@ -83,7 +83,7 @@ class Scheduler:
         self.batching = batching
         self._admitting = True  # whether the step being scheduled may admit (the batching rule's answer)
         self.block_manager: KVCacheManager = kv_manager or BlockManager(
-            cache.num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
+            cache.sized_num_blocks, cache.block_size, cache.num_host_blocks, config.max_model_len,
             watermark=cache.watermark, max_seqs=config.max_num_seqs,
             enable_prefix_caching=cache.enable_prefix_caching, num_host_cache_blocks=cache.num_host_cache_blocks,
             eviction_policy=cache.eviction_policy)

@@ -30,8 +30,9 @@ from jpaged.executors.warmup import enable_compilation_cache
 log = logging.getLogger(__name__)
 
 # `jpaged serve` flags that are engine arguments (jpaged.entrypoints.engine_args), by their argparse dest.
-ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "num_host_blocks", "max_num_seqs",
-                "max_num_batched_tokens", "enable_prefix_caching", "policy", "preemption_mode", "attention_backend",
+ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "gpu_memory_utilization",
+                "kv_cache_memory_bytes", "num_host_blocks", "max_num_seqs", "max_num_batched_tokens",
+                "enable_prefix_caching", "policy", "preemption_mode", "attention_backend",
                 "num_host_cache_blocks", "eviction_policy", "pinned_prefixes", "tensor_parallel_size",
                 "async_scheduling")
 # After the drain's deadline, aborted streams get this long to send their last chunk before uvicorn

@@ -36,7 +36,7 @@ class RequestLevelBatching:
 
 def request_level_scheduler(config: SchedulerConfig, cache: CacheConfig) -> Scheduler:
     """FasterTransformer's scheduler: request-level batching over max-length contiguous reservations."""
-    manager = ContiguousBlockManager(cache.num_blocks, cache.block_size, config.max_model_len, "max",
+    manager = ContiguousBlockManager(cache.sized_num_blocks, cache.block_size, config.max_model_len, "max",
                                      max_seqs=config.max_num_seqs)
     return Scheduler(config, cache, manager, batching=RequestLevelBatching())
 
