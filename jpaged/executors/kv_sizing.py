@@ -9,7 +9,9 @@
 `total` and `in_use` (`DeviceMemory`): on a device that reports memory stats (GPU), its
 bytes_limit and bytes_in_use with the weights loaded; on CPU, which reports none, the host's
 free memory (MemAvailable) at that moment and 0: the loaded weights are already out of it, so the
-same fraction applies to what is left. `activations`: the temporary memory of the largest step
+same fraction applies to what is left, at most CPU_KV_CACHE_BYTES (vLLM's CPU backend default,
+VLLM_CPU_KVCACHE_SPACE = 4 GiB: a host shared with everything else is not a device the engine owns,
+and a pool of millions of small blocks costs start-up time for nothing). `activations`: the temporary memory of the largest step
 the config can run (max_num_batched_tokens tokens, the widest block table), from XLA's memory
 analysis of that compiled step (`ModelRunner.memory_analysis`), on every platform: JAX cannot
 reset a device's peak_bytes_in_use, which after loading counts the load's own transients. Counts
@@ -31,6 +33,7 @@ from jpaged.models.kv_pool import KVCacheSize, KVPool, num_blocks_for_budget
 from jpaged.models.runner import ModelRunner
 
 GIB = 2**30
+CPU_KV_CACHE_BYTES = 4 * GIB  # the most a pool sized from free host memory takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class DeviceMemory:
     total_bytes: int  # device: bytes_limit; CPU: free host memory (MemAvailable)
     in_use_bytes: int  # device: bytes_in_use (the loaded weights); CPU: 0 (already out of total)
     where: str  # what total is, for messages: "gpu memory", "free host memory"
+    cap_bytes: int | None = None  # the most the budget may be (CPU: CPU_KV_CACHE_BYTES)
 
 
 def host_available_bytes() -> int:
@@ -62,7 +66,7 @@ def device_memory() -> DeviceMemory:
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
         return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)), f"{device.platform} memory")
-    return DeviceMemory(host_available_bytes(), 0, "free host memory")
+    return DeviceMemory(host_available_bytes(), 0, "free host memory", CPU_KV_CACHE_BYTES)
 
 
 def largest_step(config: EngineConfig) -> warmup.ModelStep:
@@ -98,10 +102,13 @@ def kv_cache_size(config: EngineConfig, block_bytes: int, memory: Callable[[], D
     else:
         mem, peak = memory(), activations()
         budget = int(cache.gpu_memory_utilization * mem.total_bytes) - mem.in_use_bytes - peak
+        if mem.cap_bytes is not None:
+            budget = min(budget, mem.cap_bytes)
         source = (f"cache.gpu_memory_utilization={cache.gpu_memory_utilization} of {mem.total_bytes / GIB:.2f} GiB "
                   f"of {mem.where}, less {mem.in_use_bytes / GIB:.2f} GiB in use (the weights) and "
                   f"{peak / GIB:.2f} GiB of activations of the largest step (scheduler.max_num_batched_tokens="
-                  f"{sched.max_num_batched_tokens}), leaves {max(budget, 0) / GIB:.2f} GiB")
+                  f"{sched.max_num_batched_tokens}), leaves {max(budget, 0) / GIB:.2f} GiB"
+                  + (f" (at most {mem.cap_bytes / GIB:.0f} GiB)" if mem.cap_bytes is not None else ""))
     pool = size(num_blocks_for_budget(budget, block_bytes, cache.block_size))
     if pool.num_blocks - 1 < pool.blocks_per_request:
         raise ValueError(

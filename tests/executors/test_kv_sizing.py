@@ -137,6 +137,15 @@ def test_cpu_memory_is_the_free_host_memory():
     memory = kv_sizing.device_memory()
     assert memory.where == "free host memory" and memory.in_use_bytes == 0
     assert abs(memory.total_bytes - kv_sizing.host_available_bytes()) < 2**30  # (other processes come and go)
+    assert memory.cap_bytes == kv_sizing.CPU_KV_CACHE_BYTES
+
+
+def test_a_budget_from_free_host_memory_is_capped():
+    config = EngineConfig(model=ModelConfig(name="tiny-llama"), cache=CacheConfig(block_size=16),
+                          scheduler=SchedulerConfig(max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4))
+    huge = DeviceMemory(total_bytes=64 * 2**30, in_use_bytes=0, where="free host memory", cap_bytes=8 * MIB)
+    pool = kv_cache_size(config, 4096, lambda: huge, lambda: 0)
+    assert pool.num_blocks == 8 * MIB // 4096
 
 
 def test_serve_flags_reach_the_cache_config():
