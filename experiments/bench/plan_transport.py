@@ -31,7 +31,7 @@ from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.paged_batch import plan_from_contexts
 from jpaged.core.padding import bucket
 from jpaged.core.step_plan import SamplingBatch, StepPlan
-from jpaged.executors.plan_channel import ACK, PLAN, recv_frame, send_frame
+from jpaged.executors.plan_link import ACK, PLAN, recv_frame, send_frame
 from jpaged.executors.plan_wire import RemoteRows, decode_plan, encode_plan
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,8 @@ from jpaged.config import EngineConfig, config_to_dict
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
 from jpaged.entrypoints.engine_args import engine_config
 from jpaged.executors.jax import JaxExecutor
-from jpaged.executors.plan_channel import PlanClient, PlanServer, plan_secret
+from jpaged.executors.plan_channel import PlanClient, PlanServer
+from jpaged.executors.plan_link import plan_secret
 from jpaged.executors.remote import BroadcastExecutor
 from jpaged.executors.remote import follow as follow_plans
 

@@ -22,17 +22,8 @@ stopped follower is still found within `timeout` then. The first loss is recorde
 waits on the dead follower may be stuck in a collective that never returns, so the callbacks cannot
 wait for it. Every later `send_plan` raises the same error.
 
-Authentication: a connection proves it holds the run's shared secret before anything else crosses
-it. Process 0 sends a CHALLENGE (its random nonce); the follower answers AUTH (its own nonce and
-HMAC-SHA256(secret, follower label, both nonces)); process 0 checks it (hmac.compare_digest) and
-answers PROOF (the same HMAC under the leader's label), which the follower checks in turn: each side
-knows the other holds the secret, and the labels keep either proof from being reflected back. Only
-then does the follower send its HELLO (process id and config), and from then on every frame in
-either direction carries an HMAC-SHA256 tag over its direction's frame count, kind and payload,
-keyed by a per-connection key derived from the secret and both nonces: plans, acks, heartbeats and
-error reports are bound to the authenticated connection (a frame injected, altered, replayed or
-dropped on the path fails the check and breaks the connection). Nothing is encrypted: an observer on
-the path reads the plans (token ids); use a private network or a tunnel where that matters.
+Authentication (jpaged.executors.plan_link): a follower proves it holds the run's shared secret,
+and process 0 proves it back, before its HELLO; every frame after is tagged (`Link`).
 
 Process 0 runs each connection's handshake in its own thread with a deadline of its own
 (`handshake_timeout`), so a connection that fails the handshake, sends garbage, names a bad or taken
@@ -40,47 +31,27 @@ process id, sends a different config, or starts a hello and never finishes it is
 dropped (a real follower learns why) while the join keeps waiting for the real followers; the
 refusals are named in the TimeoutError when they never come. The listener binds the coordinator's
 address only.
-
-The secret (`plan_secret`): `--plan-secret-file` or $JPAGED_PLAN_SECRET, at least 16 bytes, the same
-on every process; a multi-process run without one is refused at start-up, whatever its address.
-No secret is generated for a run on one host: `jpaged serve` processes start independently, so
-there is no channel to hand a generated secret over before the plan channel itself, and a loopback
-port is open to every local user. The followers' whole trust rests on this secret: whoever holds it
-can join as a follower (and read every plan) or lead the followers.
-
-Frames: 1 byte kind, 8 bytes length (big-endian), then the payload (then, once authenticated, the
-32-byte tag, counted in the length).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
-import os
 import queue
 import secrets
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+
+from jpaged.executors.plan_link import (ACK, AUTH, CHALLENGE, ERROR, FOLLOWER_PROOF, HEARTBEAT, HELLO, LEADER_PROOF,
+                                       NONCE_BYTES, PLAN, PROOF, REFUSE, SECRET_ENV, STEP, STOP, TAG_BYTES,
+                                       TO_FOLLOWER, TO_LEADER, WELCOME, Link, check_secret, derive, recv_frame,
+                                       send_frame)
 
 logger = logging.getLogger(__name__)
 
-HELLO, WELCOME, REFUSE, PLAN, STOP, ACK, HEARTBEAT, ERROR, CHALLENGE, AUTH, PROOF = range(11)
-_FRAME = struct.Struct("!BQ")
-_STEP = struct.Struct("!Q")
-SECRET_ENV = "JPAGED_PLAN_SECRET"
-MIN_SECRET_BYTES = 16
-_NONCE_BYTES = 32
-_TAG_BYTES = hashlib.sha256().digest_size  # 32
-# Labels of the four values derived from the secret and a connection's two nonces: one proof per
-# side, one frame key per direction.
-_FOLLOWER_PROOF, _LEADER_PROOF = b"jpaged plan: follower proof", b"jpaged plan: leader proof"
-_TO_LEADER, _TO_FOLLOWER = b"jpaged plan: follower to leader", b"jpaged plan: leader to follower"
 _MAX_HANDSHAKES = 64  # connections in their handshake at once; more are dropped at once
 _ACCEPT_POLL_S = 0.05  # how often the join loop looks at finished handshakes between accepts
 _IGNORED_FIELDS = ("model.process_id",)  # the only field that differs between the processes of one run
@@ -88,117 +59,6 @@ _IGNORED_FIELDS = ("model.process_id",)  # the only field that differs between t
 
 class FollowerLost(RuntimeError):
     """A follower died, hung or failed: the processes cannot run another step together."""
-
-
-def send_frame(sock: socket.socket, kind: int, *buffers: bytes | memoryview) -> None:
-    """One frame: its header, then `buffers` back to back."""
-    size = sum(memoryview(b).nbytes for b in buffers)
-    sock.sendall(_FRAME.pack(kind, size))
-    for buffer in buffers:
-        sock.sendall(buffer)
-
-
-def _recv_exact(sock: socket.socket, size: int, closing: threading.Event | None = None,
-                deadline: float | None = None) -> bytearray:
-    """Exactly `size` bytes; ConnectionError on EOF. With `closing`, a socket timeout only means
-    "nothing yet" and the read goes on until the event is set (the watchdog judges silence). With
-    `deadline` (time.monotonic()), TimeoutError once it passes, however the bytes trickle in."""
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{got} of {size} bytes by the deadline")
-            sock.settimeout(left)
-        try:
-            n = sock.recv_into(view[got:])
-        except TimeoutError:
-            if closing is None or closing.is_set():
-                raise
-            continue
-        if n == 0:
-            raise ConnectionError("connection closed by the other side")
-        got += n
-    return data
-
-
-def recv_frame(sock: socket.socket, closing: threading.Event | None = None, limit: int = 2**30,
-               deadline: float | None = None) -> tuple[int, bytearray]:
-    """One frame: (kind, payload); ValueError for a payload over `limit` bytes (not one of ours).
-    `closing` and `deadline` as in `_recv_exact`."""
-    kind, size = _FRAME.unpack(_recv_exact(sock, _FRAME.size, closing, deadline))
-    if size > limit:
-        raise ValueError(f"a frame of {size} bytes, more than the {limit} allowed")
-    return kind, _recv_exact(sock, size, closing, deadline)
-
-
-def plan_secret(path: str | None) -> bytes:
-    """The plan channel's shared secret: the contents of `path` (--plan-secret-file), else
-    $JPAGED_PLAN_SECRET, without surrounding whitespace. ValueError naming both when neither is set
-    or the secret is shorter than MIN_SECRET_BYTES; OSError naming the flag when the file cannot be read."""
-    if path is not None:
-        try:
-            secret, source = Path(path).read_bytes().strip(), f"--plan-secret-file {path}"
-        except OSError as exc:
-            raise OSError(f"--plan-secret-file: cannot read {path}: {exc.strerror or exc}") from None
-    elif SECRET_ENV in os.environ:
-        secret, source = os.environ[SECRET_ENV].encode().strip(), f"${SECRET_ENV}"
-    else:
-        raise ValueError(f"a multi-process run needs the plan channel's shared secret, the same on every process: "
-                         f"--plan-secret-file PATH or ${SECRET_ENV} (at least {MIN_SECRET_BYTES} bytes; e.g. "
-                         f"python -c 'import secrets; print(secrets.token_hex(32))')")
-    check_secret(secret, source)
-    return secret
-
-
-def check_secret(secret: bytes, source: str = "secret") -> None:
-    """ValueError (naming `source`) unless `secret` is bytes of at least MIN_SECRET_BYTES."""
-    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
-        got = f"{len(secret)} bytes" if isinstance(secret, bytes) else type(secret).__name__
-        raise ValueError(f"{source}: the plan secret must be at least {MIN_SECRET_BYTES} bytes, got {got}")
-
-
-def _derive(secret: bytes, label: bytes, leader_nonce: bytes, follower_nonce: bytes) -> bytes:
-    """HMAC-SHA256 of one label and a connection's nonces (fixed sizes: the concatenation is unambiguous)."""
-    return hmac.new(secret, label + leader_nonce + follower_nonce, hashlib.sha256).digest()
-
-
-class _Link:
-    """One authenticated connection: every frame gets an HMAC-SHA256 tag over its direction's frame
-    count, kind and payload. Senders serialise their sends (the count is part of the tag); one
-    thread receives."""
-
-    def __init__(self, sock: socket.socket, send_key: bytes, recv_key: bytes):
-        self.sock = sock
-        self._send_key, self._recv_key = send_key, recv_key
-        self._sent = self._received = 0
-
-    def _tag(self, key: bytes, count: int, kind: int, buffers) -> bytes:
-        mac = hmac.new(key, _STEP.pack(count) + bytes([kind]), hashlib.sha256)
-        for buffer in buffers:
-            mac.update(buffer)
-        return mac.digest()
-
-    def send(self, kind: int, *buffers: bytes | memoryview) -> None:
-        """One frame, tagged."""
-        tag = self._tag(self._send_key, self._sent, kind, buffers)
-        self._sent += 1
-        send_frame(self.sock, kind, *buffers, tag)
-
-    def recv(self, closing: threading.Event | None = None, limit: int = 2**30,
-             deadline: float | None = None) -> tuple[int, bytearray]:
-        """One frame whose tag checks out: (kind, payload); ConnectionError for one that does not
-        (altered, injected, replayed or out of order). Arguments as in `recv_frame`."""
-        kind, data = recv_frame(self.sock, closing, limit + _TAG_BYTES, deadline)
-        if len(data) < _TAG_BYTES:
-            raise ConnectionError(f"frame {self._received} has no authentication tag")
-        tag = bytes(data[-_TAG_BYTES:])
-        del data[-_TAG_BYTES:]
-        if not hmac.compare_digest(tag, self._tag(self._recv_key, self._received, kind, (data,))):
-            raise ConnectionError(f"frame {self._received} failed its authentication check")
-        self._received += 1
-        return kind, data
 
 
 def config_mismatch(ours: dict, theirs: dict, prefix: str = "") -> str | None:
@@ -264,7 +124,7 @@ class PlanServer:
         self._stopping = threading.Event()  # close() has told the followers to stop
         self._step = 0
         self._deadline: dict[int, tuple[float, float]] = {}  # step -> (sent at, seconds allowed), until all acked
-        self._followers: dict[int, _Link] = {}
+        self._followers: dict[int, Link] = {}
         self._acked: dict[int, int] = {}
         self._heard: dict[int, float] = {}
         listener = socket.create_server((host, port), reuse_port=False)
@@ -290,7 +150,7 @@ class PlanServer:
         """Accepts connections until every follower joined: each one's handshake runs in a thread of
         its own (`_greet`), and this loop admits or refuses those that said hello (`_admit`)."""
         deadline = time.monotonic() + join_timeout
-        greeted: queue.Queue[tuple[_Link, object, object]] = queue.Queue()  # (link, peer, hello)
+        greeted: queue.Queue[tuple[Link, object, object]] = queue.Queue()  # (link, peer, hello)
         pending: set[socket.socket] = set()  # connections still in their handshake
         pending_lock = threading.Lock()
         refusals: dict[str, object] = {}  # why -> the peer refused last for it (for the timeout's message)
@@ -340,20 +200,20 @@ class PlanServer:
         deadline = time.monotonic() + self._handshake_timeout
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            ours = secrets.token_bytes(_NONCE_BYTES)
+            ours = secrets.token_bytes(NONCE_BYTES)
             sock.settimeout(self._handshake_timeout)
             send_frame(sock, CHALLENGE, ours)
-            kind, payload = recv_frame(sock, limit=_NONCE_BYTES + _TAG_BYTES, deadline=deadline)
-            if kind != AUTH or len(payload) != _NONCE_BYTES + _TAG_BYTES:
+            kind, payload = recv_frame(sock, limit=NONCE_BYTES + TAG_BYTES, deadline=deadline)
+            if kind != AUTH or len(payload) != NONCE_BYTES + TAG_BYTES:
                 raise ConnectionError(f"it answered the challenge with frame kind {kind} of {len(payload)} bytes")
-            theirs, proof = bytes(payload[:_NONCE_BYTES]), bytes(payload[_NONCE_BYTES:])
-            if not hmac.compare_digest(proof, _derive(self._secret, _FOLLOWER_PROOF, ours, theirs)):
+            theirs, proof = bytes(payload[:NONCE_BYTES]), bytes(payload[NONCE_BYTES:])
+            if not hmac.compare_digest(proof, derive(self._secret, FOLLOWER_PROOF, ours, theirs)):
                 send_frame(sock, REFUSE, json.dumps({"error": "the plan secret differs from process 0's "
                                                               f"(--plan-secret-file / ${SECRET_ENV})"}).encode())
                 raise ConnectionError("its proof of the plan secret is wrong")
-            send_frame(sock, PROOF, _derive(self._secret, _LEADER_PROOF, ours, theirs))
-            link = _Link(sock, send_key=_derive(self._secret, _TO_FOLLOWER, ours, theirs),
-                         recv_key=_derive(self._secret, _TO_LEADER, ours, theirs))
+            send_frame(sock, PROOF, derive(self._secret, LEADER_PROOF, ours, theirs))
+            link = Link(sock, send_key=derive(self._secret, TO_FOLLOWER, ours, theirs),
+                         recv_key=derive(self._secret, TO_LEADER, ours, theirs))
             kind, payload = link.recv(limit=2**24, deadline=deadline)  # a config
             if kind != HELLO:
                 raise ConnectionError(f"it sent frame kind {kind}, not a hello")
@@ -373,7 +233,7 @@ class PlanServer:
             if mine:
                 greeted.put((link, peer, hello))
 
-    def _admit(self, link: _Link, peer, hello, num_processes: int) -> str | None:
+    def _admit(self, link: Link, peer, hello, num_processes: int) -> str | None:
         """Takes an authenticated connection's hello as a follower, or refuses it (it learns why),
         logs and drops it: returns why, or None once it joined."""
         rank = hello.get("process_id") if isinstance(hello, dict) else None
@@ -448,14 +308,14 @@ class PlanServer:
             for callback in self.on_failure:
                 callback(error)
 
-    def _read(self, rank: int, link: _Link) -> None:
+    def _read(self, rank: int, link: Link) -> None:
         """Acks, heartbeats and errors from one follower, until it or this side closes."""
         try:
             while True:
                 kind, payload = link.recv(self._closing)
                 self._heard[rank] = time.monotonic()
                 if kind == ACK:
-                    self._acked[rank] = _STEP.unpack(payload)[0]
+                    self._acked[rank] = STEP.unpack(payload)[0]
                 elif kind == ERROR:
                     self._fail(rank, f"it failed: {_json(payload).get('error')}")
                     return
@@ -524,25 +384,25 @@ class PlanClient:
         interval = _json(payload)["heartbeat_interval"]
         threading.Thread(target=self._beat, args=(interval,), name="jpaged-heartbeat", daemon=True).start()
 
-    def _authenticate(self, secret: bytes, address: str, deadline: float) -> _Link:
+    def _authenticate(self, secret: bytes, address: str, deadline: float) -> Link:
         """The follower's half of the handshake: answers process 0's challenge with its own nonce
         and proof, checks process 0's proof; the link keyed for this connection."""
         try:
-            kind, payload = recv_frame(self._sock, limit=_NONCE_BYTES, deadline=deadline)
+            kind, payload = recv_frame(self._sock, limit=NONCE_BYTES, deadline=deadline)
         except TimeoutError:
             raise ConnectionError(f"the process at {address} sent no challenge: not a jpaged plan channel?") from None
-        if kind != CHALLENGE or len(payload) != _NONCE_BYTES:
+        if kind != CHALLENGE or len(payload) != NONCE_BYTES:
             raise ConnectionError(f"the process at {address} is not a jpaged plan channel (it sent frame kind {kind})")
-        theirs, ours = bytes(payload), secrets.token_bytes(_NONCE_BYTES)
-        send_frame(self._sock, AUTH, ours, _derive(secret, _FOLLOWER_PROOF, theirs, ours))
+        theirs, ours = bytes(payload), secrets.token_bytes(NONCE_BYTES)
+        send_frame(self._sock, AUTH, ours, derive(secret, FOLLOWER_PROOF, theirs, ours))
         kind, payload = recv_frame(self._sock, limit=2**16, deadline=deadline)
         if kind == REFUSE:
             raise ValueError(_json(payload)["error"])
-        if kind != PROOF or not hmac.compare_digest(bytes(payload), _derive(secret, _LEADER_PROOF, theirs, ours)):
+        if kind != PROOF or not hmac.compare_digest(bytes(payload), derive(secret, LEADER_PROOF, theirs, ours)):
             raise ValueError(f"the process at {address} did not prove it holds the plan secret: not process 0, "
                              f"or its secret differs (--plan-secret-file / ${SECRET_ENV})")
-        return _Link(self._sock, send_key=_derive(secret, _TO_LEADER, theirs, ours),
-                     recv_key=_derive(secret, _TO_FOLLOWER, theirs, ours))
+        return Link(self._sock, send_key=derive(secret, TO_LEADER, theirs, ours),
+                     recv_key=derive(secret, TO_FOLLOWER, theirs, ours))
 
     def plans(self) -> Iterator[bytearray]:
         """Each step's encoded plan, in order, until process 0 says stop.
@@ -563,7 +423,7 @@ class PlanClient:
     def ack(self, step: int) -> None:
         """Tells process 0 that step `step` (counted from 1) ran here."""
         with self._lock:
-            self._link.send(ACK, _STEP.pack(step))
+            self._link.send(ACK, STEP.pack(step))
 
     def report(self, error: BaseException) -> None:
         """Tells process 0 why this follower stops (best effort: the connection may be gone)."""

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import numpy as np
@@ -35,11 +35,9 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.core import padding
-from jpaged.core.step_plan import SamplingBatch, StepPlan
-from jpaged.executors.sampling import SamplerProgram
+from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
+from jpaged.executors.sampling import SampleResult, SamplerProgram
 
-if TYPE_CHECKING:
-    from jpaged.executors.jax import JaxExecutor
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +126,31 @@ def _block_plan(op: BlockOp) -> StepPlan:
     return StepPlan.block_ops_only(**{name: pairs})
 
 
+class CompilingExecutor(Protocol):
+    """What `compile_grid` runs the grid on (the JAX executor, `jpaged.executors.jax.JaxExecutor`)."""
+
+    kv_pool: object  # the device pool, waited on once the grid ran
+    warmed_up: bool  # set once the grid ran: a program compiled later is logged
+
+    @property
+    def num_compilations(self) -> int:
+        """Distinct programs run so far."""
+
+    def run_model(self, plan: StepPlan) -> jax.Array:
+        """The model step of `plan` alone: its logits [S, V]."""
+
+    def sample(self, logits: jax.Array, batch: SamplingBatch) -> SampleResult:
+        """The sampler on `logits`."""
+
+    def execute(self, plan: StepPlan) -> ModelOutput:
+        """A whole step (block operations only, here)."""
+
+
 class WarmUpStopped(Exception):
     """`compile_grid` was told to stop (the server is shutting down) before the grid was compiled."""
 
 
-def compile_grid(executor: JaxExecutor, config: EngineConfig, *, progress: bool = True,
+def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress: bool = True,
                  stop: threading.Event | None = None) -> dict:
     """Compiles every program of `grid(config)` by running it once on padding, with a progress
     bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}. Call it before the

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from jpaged.executors.plan_channel import SECRET_ENV
+from jpaged.executors.plan_link import SECRET_ENV
 from tests.helpers.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,19 +14,8 @@ import time
 
 import pytest
 
-from jpaged.executors.plan_channel import (
-    AUTH,
-    CHALLENGE,
-    PROOF,
-    REFUSE,
-    SECRET_ENV,
-    PlanClient,
-    PlanServer,
-    _Link,
-    plan_secret,
-    recv_frame,
-    send_frame,
-)
+from jpaged.executors.plan_channel import PlanClient, PlanServer
+from jpaged.executors.plan_link import AUTH, CHALLENGE, PROOF, REFUSE, SECRET_ENV, Link, plan_secret, recv_frame, send_frame
 from tests.parallel.channel_pair import SECRET, free_port
 
 CONFIG = {"model": {"name": "tiny-llama", "process_id": 0, "num_processes": 2}, "cache": {"num_blocks": 13}}
@@ -175,7 +164,7 @@ def _wire(kind_payloads: list[tuple[int, bytes]], key: bytes) -> list[bytes]:
     """The bytes each frame is on the wire when a link keyed `key` sends it."""
     out, into = socket.socketpair()
     with out, into:
-        link = _Link(out, send_key=key, recv_key=b"")
+        link = Link(out, send_key=key, recv_key=b"")
         frames = []
         for kind, payload in kind_payloads:
             link.send(kind, payload)
@@ -188,7 +177,7 @@ def _received(frames: list[bytes], key: bytes) -> list:
     out, into = socket.socketpair()
     with out, into:
         out.sendall(b"".join(frames))
-        link, got = _Link(into, send_key=b"", recv_key=key), []
+        link, got = Link(into, send_key=b"", recv_key=key), []
         for _ in frames:
             try:
                 kind, payload = link.recv(deadline=time.monotonic() + 2)
