@@ -1,6 +1,7 @@
 """Frozen configuration dataclasses, one per concern, and strict YAML loading.
 
-Every field has a one-line comment; `__post_init__` checks every field's type and range
+Every field is documented by the string right after it (an attribute docstring, as vLLM's configs;
+`jpaged.config.docs.attribute_docs` reads them, e.g. for `jpaged serve --help`); `__post_init__` checks every field's type and range
 (`jpaged.config.checks`): TypeError or ValueError naming the field, the value and the range.
 `load_config(path, cls)` (jpaged.config.loading) builds a (nested) dataclass from YAML: unknown keys,
 duplicate keys, wrong types and NaN are errors that name the key and the file.
@@ -49,25 +50,31 @@ class CacheConfig:
     """The paged KV cache: block geometry, pool sizes (device; host: swap space and the prefix
     cache's host tier, one pool), prefix caching and its eviction policy."""
 
-    block_size: int = 16  # tokens per KV block (paper default 16)
-    # Device blocks incl. reserved block 0. None: sized from memory where the real executor is built,
-    # after the weights load (jpaged.executors.kv_sizing: kv_cache_memory_bytes, else
-    # gpu_memory_utilization); the simulator takes SIM_NUM_BLOCKS. Given, it wins over both.
+    block_size: int = 16
+    """Tokens per KV block, a power of two (paper default 16)."""
     num_blocks: int | None = None
-    # Fraction of device memory (on CPU: of free host memory) the weights, the largest step's
-    # activations and the KV pool may take together (vLLM's --gpu-memory-utilization)
+    """Device blocks incl. reserved block 0. None: sized from memory where the real executor is built,
+    after the weights load (jpaged.executors.kv_sizing: kv_cache_memory_bytes, else
+    gpu_memory_utilization); the simulator takes SIM_NUM_BLOCKS. Given, it wins over both."""
     gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int | None = None  # KV pool bytes per device, instead of gpu_memory_utilization
-    # Host (CPU) swap blocks; 0 disables swap (swap-outs take no host-tier block either); paper: <= device blocks
+    """Fraction of device memory (on CPU: of free host memory) the weights, the largest step's
+    activations and the KV pool may take together; the pool gets the rest (vLLM's
+    --gpu-memory-utilization)."""
+    kv_cache_memory_bytes: int | None = None
+    """KV pool bytes per device, instead of gpu_memory_utilization."""
     num_host_blocks: int = 984
-    watermark: float = 0.01  # fraction of device blocks kept free at admission, to avoid instant preemption
-    enable_prefix_caching: bool = False  # share full prompt blocks across requests through a radix tree
-    # Host blocks added to the host pool for the prefix cache's second tier: evicted cached blocks
-    # are copied there, and hits promote them back; 0 = no tier (evicted blocks are dropped)
+    """Host (CPU) swap blocks; 0 disables swap (swap-outs take no host-tier block either); paper:
+    <= device blocks."""
+    watermark: float = 0.01
+    """Fraction of device blocks kept free at admission, to avoid instant preemption."""
+    enable_prefix_caching: bool = False
+    """Share full prompt blocks across requests through a radix tree."""
     num_host_cache_blocks: int = 0
-    # Eviction order of both prefix-cache tiers: lru (least recently released) or arc (adaptive
-    # replacement: recency vs reuse, jpaged.core.kv.eviction)
+    """Host blocks added to the host pool for the prefix cache's second tier: evicted cached blocks
+    are copied there, and hits promote them back; 0 = no tier (evicted blocks are dropped)."""
     eviction_policy: Literal["lru", "arc"] = "lru"
+    """Eviction order of both prefix-cache tiers: lru (least recently released) or arc (adaptive
+    replacement: recency vs reuse, jpaged.core.kv.eviction)."""
 
     def __post_init__(self) -> None:
         _normalise(self, "cache", {
@@ -112,17 +119,22 @@ class CacheConfig:
 class SchedulerConfig:
     """Iteration-level scheduling: the step's token and sequence budgets, the policy, preemption."""
 
-    max_num_seqs: int = 256  # most sequences in one step's batch (a request counts at its width n)
-    max_num_batched_tokens: int = 2048  # token budget of one step (prompt chunks + decodes)
-    max_model_len: int = 2048  # longest prompt + output a request may reach (OPT: 2048)
-    preemption_mode: Literal["swap", "recompute"] = "recompute"  # recovery when blocks run out
-    # paper: the paper's vLLM (whole prompts; a step that admits runs only prompts); chunked: decodes
-    # first, prompt chunks fill the rest of the token budget (vLLM v1, Sarathi-Serve)
+    max_num_seqs: int = 256
+    """Most sequences in one step's batch (a request counts at its width n)."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (prompt chunks + decodes)."""
+    max_model_len: int = 2048
+    """Longest prompt + output a request may reach (OPT: 2048)."""
+    preemption_mode: Literal["swap", "recompute"] = "recompute"
+    """Recovery when blocks run out: swap to host blocks, or free and recompute."""
     policy: Literal["paper", "chunked"] = "chunked"
-    long_prefill_token_threshold: int = 0  # chunked: most prompt tokens one sequence computes per step; 0 = no cap
-    # Schedule and launch the next decode step before applying this one's tokens (vLLM's
-    # --async-scheduling): the host's work hides behind the device's; outputs are unchanged.
+    """paper: the paper's vLLM (whole prompts; a step that admits runs only prompts); chunked: decodes
+    first, prompt chunks fill the rest of the token budget (vLLM v1, Sarathi-Serve)."""
+    long_prefill_token_threshold: int = 0
+    """chunked: most prompt tokens one sequence computes per step; 0 = no cap."""
     async_scheduling: bool = False
+    """Schedule and launch the next decode step before applying this one's tokens (vLLM's
+    --async-scheduling): the host's work hides behind the device's; outputs are unchanged."""
 
     def __post_init__(self) -> None:
         _normalise(self, "scheduler", {
@@ -143,16 +155,25 @@ class SchedulerConfig:
 class ModelConfig:
     """Which model to serve and how to run it."""
 
-    name: str = "tiny-opt"  # preset name (jpaged.config.presets), e.g. opt-13b, llama-7b, tiny-llama
-    # Parameter and KV cache dtype; auto: bfloat16 on GPU/TPU, float32 on CPU (jpaged.models.checkpoint.resolve_dtype).
+    name: str = "tiny-opt"
+    """Preset name (jpaged.config.presets), e.g. opt-13b, llama-7b, tiny-llama."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    attention_backend: BackendName = "auto"  # pallas_kernels.backends; auto: Pallas on GPU, XLA on CPU
-    checkpoint: str | None = None  # local orbax checkpoint or Hugging Face dir; None = dummy (seeded) weights
-    seed: int = 0  # seed of dummy weights
-    tensor_parallel_size: int = 1  # devices splitting every layer Megatron-style (heads, MLP columns/rows)
-    coordinator_address: str | None = None  # multi-host: "host:port" of process 0 (jax.distributed)
-    num_processes: int = 1  # multi-host: processes, one per host; 1 = single host
-    process_id: int = 0  # multi-host: this process's rank in [0, num_processes)
+    """Parameter and KV cache dtype; auto: bfloat16 on GPU/TPU, float32 on CPU
+    (jpaged.models.checkpoint.resolve_dtype)."""
+    attention_backend: BackendName = "auto"
+    """Attention kernels (pallas_kernels.backends); auto: Pallas on GPU, XLA on CPU."""
+    checkpoint: str | None = None
+    """Local orbax checkpoint or Hugging Face dir; None = dummy (seeded) weights."""
+    seed: int = 0
+    """Seed of the dummy weights."""
+    tensor_parallel_size: int = 1
+    """Devices splitting every layer Megatron-style (heads, MLP columns/rows), across processes too."""
+    coordinator_address: str | None = None
+    """Multi-host: "host:port" of process 0 (jax.distributed)."""
+    num_processes: int = 1
+    """Multi-host: processes, one per host; 1 = single host."""
+    process_id: int = 0
+    """Multi-host: this process's rank in [0, num_processes)."""
 
     def __post_init__(self) -> None:
         _normalise(self, "model", {
@@ -182,9 +203,13 @@ class EngineConfig:
     """Everything an LLMEngine is built from."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """Which model and how to run it."""
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    """The paged KV cache."""
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    executor: Literal["jax", "sim"] = "jax"  # jax: real model; sim: cost model on a virtual clock
+    """Iteration-level scheduling."""
+    executor: Literal["jax", "sim"] = "jax"
+    """jax: the real model; sim: the cost model on a virtual clock (jpaged.paper)."""
 
     def __post_init__(self) -> None:
         for name, cls in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):

@@ -1,7 +1,9 @@
 """The `jpaged` command: `jpaged serve` (the OpenAI-compatible server) and `jpaged bench-serving`.
 
 Flags are declared here without importing the server, so `jpaged --help` works without the
-`serve` extra; each subcommand imports what it runs.
+`serve` extra; each subcommand imports what it runs. The engine flags are generated from the config
+dataclasses (jpaged.entrypoints.engine_flags); the server's, the multi-process run's and the
+exposure flags are written here.
 """
 
 from __future__ import annotations
@@ -10,43 +12,40 @@ import argparse
 import json
 import sys
 
+from jpaged.entrypoints.engine_flags import add_engine_flags
+
 
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over the OpenAI API (FastAPI + uvicorn)",
                        description="Serve a model with an OpenAI-compatible HTTP API: /v1/completions, "
                                    "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, "
-                                   "/version, /health, /metrics.")
+                                   "/version, /health, /metrics. Each engine flag (the model, cache and scheduler "
+                                   "groups) is a field of jpaged.config, by the same name also a keyword of "
+                                   "LLM(...) and a key of that section of --config.")
     p.add_argument("--model", required=True, help="a preset name or a local Hugging Face directory")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--config", help="engine YAML (model / cache / scheduler sections, as EngineConfig)")
-    p.add_argument("--served-model-name", help="the model id clients use (default: --model as given)")
     p.add_argument("--tokenizer", help="a local HF directory to take the tokenizer from (default: the model's)")
-    engine = p.add_argument_group("engine arguments (override --config)")
-    engine.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    engine.add_argument("--max-model-len", type=int)
-    engine.add_argument("--block-size", type=int)
-    engine.add_argument("--num-blocks", type=int, help="device KV blocks (block 0 is reserved); given, it wins over "
-                                                       "--gpu-memory-utilization and --kv-cache-memory-bytes")
-    engine.add_argument("--gpu-memory-utilization", type=float,
-                        help="fraction of device memory (on CPU: of free host memory) for the weights, the largest "
-                             "step's activations and the KV pool, which gets the rest (default 0.9)")
-    engine.add_argument("--kv-cache-memory-bytes", type=int, help="KV pool bytes per device, instead of a fraction")
-    engine.add_argument("--num-host-blocks", type=int, help="host swap blocks (0: no swap)")
-    engine.add_argument("--max-num-seqs", type=int)
-    engine.add_argument("--max-num-batched-tokens", type=int)
-    engine.add_argument("--enable-prefix-caching", action="store_true", default=None)
-    engine.add_argument("--num-host-cache-blocks", type=int,
-                        help="host blocks of the prefix cache's second tier (evicted blocks kept in host memory)")
-    engine.add_argument("--eviction-policy", choices=["lru", "arc"], help="both prefix-cache tiers' eviction order")
-    engine.add_argument("--pin-prefix", action="append", dest="pinned_prefixes", metavar="TEXT",
-                        help="pre-store this prompt prefix in the prefix cache, never evicted (repeatable)")
-    engine.add_argument("--policy", choices=["paper", "chunked"])
-    engine.add_argument("--preemption-mode", choices=["swap", "recompute"])
-    engine.add_argument("--async-scheduling", action="store_true", default=None,
-                        help="schedule the next decode step while the device runs this one (docs/notes/scheduling.md)")
-    engine.add_argument("--attention-backend")
-    engine.add_argument("--tensor-parallel-size", type=int, help="devices splitting every layer (across processes too)")
+    p.add_argument("--config", help="engine YAML (model / cache / scheduler sections, as EngineConfig); "
+                                    "the engine flags below override it")
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--served-model-name", help="the model id clients use (default: --model as given)")
+    server.add_argument("--stream-interval", type=int, default=1,
+                        help="streams send the first token at once, then every N engine steps (vLLM's knob; "
+                             "1 = each)")
+    server.add_argument("--warmup", choices=["grid", "smallest", "none"], default="grid",
+                        help="what compiles before /health answers 200: every step shape and sampler program (grid; "
+                             "compiled programs are cached under $JPAGED_CACHE_DIR, default ~/.cache/jpaged), the "
+                             "smallest prefill and decode steps only, or nothing (the rest compiles on first use)")
+    server.add_argument("--no-warmup", dest="warmup", action="store_const", const="none", help="--warmup none")
+    server.add_argument("--shutdown-timeout", type=float, default=5.0,
+                        help="on SIGTERM / SIGINT, seconds open requests get to finish before the rest are aborted")
+    server.add_argument("--disable-access-log", action="store_true")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    engine = add_engine_flags(p)
+    engine["cache"].add_argument("--pin-prefix", action="append", dest="pinned_prefixes", metavar="TEXT",
+                                 help="pre-store this prompt prefix in the prefix cache, never evicted (repeatable; "
+                                      "needs --enable-prefix-caching)")
     hosts = p.add_argument_group("multi-process serving (jpaged.entrypoints.multihost)",
                                  "process 0 serves HTTP and schedules; every other process runs the same command "
                                  "with its own --process-id, opens no port and executes process 0's steps")
@@ -66,18 +65,7 @@ def _serve_parser(sub) -> None:
                        help="the same bound for a step of a shape not run before (it may compile)")
     hosts.add_argument("--join-timeout", type=float, default=300.0,
                        help="seconds to wait at start-up for every process to join")
-    p.add_argument("--stream-interval", type=int, default=1,
-                   help="streams send the first token at once, then every N engine steps (vLLM's knob; 1 = each)")
-    p.add_argument("--warmup", choices=["grid", "smallest", "none"], default="grid",
-                   help="what compiles before /health answers 200: every step shape and sampler program (grid; "
-                        "compiled programs are cached under $JPAGED_CACHE_DIR, default ~/.cache/jpaged), the "
-                        "smallest prefill and decode steps only, or nothing (the rest compiles on first use)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_const", const="none", help="--warmup none")
-    p.add_argument("--shutdown-timeout", type=float, default=5.0,
-                   help="on SIGTERM / SIGINT, seconds open requests get to finish before the rest are aborted")
-    p.add_argument("--disable-access-log", action="store_true")
     _exposure_flags(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def _json_list(text: str) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ What `jpaged.LLM`, `AsyncLLMEngine.from_model` and `jpaged serve` share. `model`
 (config.json + safetensors; tokenizer.json when it has one). Engine arguments are the fields of
 ModelConfig, CacheConfig and SchedulerConfig by name (`block_size=32`, `max_num_seqs=64`,
 `enable_prefix_caching=True`, `num_host_cache_blocks=4096`, `eviction_policy="arc"`,
-`dtype="bfloat16"`, ...); they override an optional base `config` (an EngineConfig or the path of
-its YAML). `load_engine` also pre-stores `pinned_prefixes`. The executor is the real (JAX) one.
+`dtype="bfloat16"`, ...; jpaged.entrypoints.engine_flags lists them and makes them `jpaged serve`'s
+flags); they override an optional base `config` (an EngineConfig or the path of its YAML).
+`load_engine` also pre-stores `pinned_prefixes`. The executor is the real (JAX) one.
 Pure Python: the model loads only when `load_engine` builds the executor. (The paper's systems, simulated or not,
 are built by `jpaged.paper.systems.build_engine`.)
 """
@@ -20,20 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, load_config
+from jpaged.config import EngineConfig, load_config
 from jpaged.config.checks import show
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
+from jpaged.entrypoints.engine_flags import ENGINE_ARGS, SECTIONS
 from jpaged.executors.base import Executor
 from jpaged.text.output_processor import prompt_ids
 from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-# Engine argument name -> the EngineConfig section that holds it (`model` sets name and checkpoint).
-_SECTIONS = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
-ENGINE_ARGS: dict[str, str] = {f.name: section for section, cls in _SECTIONS.items()
-                               for f in dataclasses.fields(cls) if f.name not in ("name", "checkpoint")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +80,7 @@ def engine_config(model: str, config: EngineConfig | str | Path | None = None, *
         base = load_config(config, EngineConfig)
     if base.executor != "jax":
         raise ValueError(f"executor: the text front end runs the real model ('jax'), got {base.executor!r}")
-    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for key, value in engine_args.items():
         sections[ENGINE_ARGS[key]][key] = value
     if source.directory is not None:

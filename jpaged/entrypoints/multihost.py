@@ -61,11 +61,11 @@ def _plan_address(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _config(args: argparse.Namespace, engine_args: dict) -> EngineConfig:
-    """This process's engine config: --config and the engine flags, with its place in the run.
-    Every process's pool must have the same block count: one sized from each process's free
-    memory might not, so the run needs --num-blocks or --kv-cache-memory-bytes."""
-    config = engine_config(args.model, args.config, coordinator_address=args.coordinator_address,
-                           num_processes=args.num_processes, process_id=args.process_id, **engine_args)
+    """This process's engine config: --config and the engine flags, with its place in the run (the
+    multi-process flags are among `engine_args`). Every process's pool must have the same block
+    count: one sized from each process's free memory might not, so the run needs --num-blocks or
+    --kv-cache-memory-bytes."""
+    config = engine_config(args.model, args.config, **engine_args)
     if config.cache.num_blocks is None and config.cache.kv_cache_memory_bytes is None:
         raise ValueError(f"cache.num_blocks: a run of {args.num_processes} processes needs the same pool on each; "
                          f"give --num-blocks or --kv-cache-memory-bytes (not a fraction of each one's memory)")
@@ -87,7 +87,8 @@ def lead(args: argparse.Namespace, engine_args: dict) -> AsyncLLMEngine:
     # followers are told to stop before jax.distributed's shutdown waits for them at its barrier.
     atexit.register(channel.close)
     engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=config,
-                                       tokenizer=args.tokenizer, executor=executor)
+                                       tokenizer=args.tokenizer, executor=executor,
+                                       pinned_prefixes=args.pinned_prefixes or ())
     channel.on_failure.append(engine.fail)
     return engine
 

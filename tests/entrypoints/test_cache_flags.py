@@ -10,9 +10,9 @@ import pytest
 
 from jpaged.entrypoints import cli
 from jpaged.entrypoints.engine_args import engine_config
+from jpaged.entrypoints.engine_flags import engine_args_from
 
-pytest.importorskip("uvicorn")
-from jpaged.entrypoints.serve.launch import ENGINE_FLAGS  # (the serve extra)
+pytest.importorskip("uvicorn")  # (the serve extra, for `jpaged serve` below)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,17 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 def _serve_args(*argv):
     parser = argparse.ArgumentParser()
     cli._serve_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", "--model", "tiny-opt", *argv])
-    return {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    return parser.parse_args(["serve", "--model", "tiny-opt", *argv])
 
 
 def test_flags_reach_the_engine_config():
-    engine_args = _serve_args("--enable-prefix-caching", "--num-host-cache-blocks", "64", "--eviction-policy", "arc",
-                              "--pin-prefix", "You are a helpful assistant.", "--pin-prefix", "Translate:")
-    assert engine_args.pop("pinned_prefixes") == ["You are a helpful assistant.", "Translate:"]
-    cache = engine_config("tiny-opt", **engine_args).cache
+    args = _serve_args("--enable-prefix-caching", "--num-host-cache-blocks", "64", "--eviction-policy", "arc",
+                       "--pin-prefix", "You are a helpful assistant.", "--pin-prefix", "Translate:")
+    assert args.pinned_prefixes == ["You are a helpful assistant.", "Translate:"]
+    cache = engine_config("tiny-opt", **engine_args_from(args)).cache
     assert (cache.enable_prefix_caching, cache.num_host_cache_blocks, cache.eviction_policy) == (True, 64, "arc")
-    assert "pinned_prefixes" not in _serve_args()
+    assert _serve_args().pinned_prefixes is None
 
 
 @pytest.mark.parametrize("argv, names", [

@@ -149,16 +149,14 @@ def test_a_budget_from_free_host_memory_is_capped():
 
 
 def test_serve_flags_reach_the_cache_config():
-    pytest.importorskip("uvicorn")
     import argparse
 
     from jpaged.entrypoints import cli
-    from jpaged.entrypoints.serve.launch import ENGINE_FLAGS
+    from jpaged.entrypoints.engine_flags import engine_args_from
 
     parser = argparse.ArgumentParser()
     cli._serve_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--model", "tiny-llama", "--gpu-memory-utilization", "0.8",
                               "--kv-cache-memory-bytes", "1048576"])
-    engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
-    cache = engine_config("tiny-llama", **engine_args).cache
+    cache = engine_config("tiny-llama", **engine_args_from(args)).cache
     assert (cache.num_blocks, cache.gpu_memory_utilization, cache.kv_cache_memory_bytes) == (None, 0.8, 2**20)

@@ -22,6 +22,7 @@ from types import FrameType
 import uvicorn
 
 from jpaged.entrypoints.async_engine import AsyncLLMEngine
+from jpaged.entrypoints.engine_flags import engine_args_from
 from jpaged.entrypoints.serve.app import build_app
 from jpaged.entrypoints.serve.security import Exposure
 from jpaged.entrypoints.serve.state import ServerState, warm_up_grid, warm_up_smallest_steps
@@ -29,12 +30,6 @@ from jpaged.executors.warmup import enable_compilation_cache
 
 log = logging.getLogger(__name__)
 
-# `jpaged serve` flags that are engine arguments (jpaged.entrypoints.engine_args), by their argparse dest.
-ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "num_blocks", "gpu_memory_utilization",
-                "kv_cache_memory_bytes", "num_host_blocks", "max_num_seqs", "max_num_batched_tokens",
-                "enable_prefix_caching", "policy", "preemption_mode", "attention_backend",
-                "num_host_cache_blocks", "eviction_policy", "pinned_prefixes", "tensor_parallel_size",
-                "async_scheduling")
 # After the drain's deadline, aborted streams get this long to send their last chunk before uvicorn
 # cancels what is still writing (a client that never reads).
 ABORT_GRACE_S = 2.0
@@ -63,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
-    engine_args = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name) is not None}
+    engine_args = engine_args_from(args)  # the engine flags given (the multi-process flags among them)
     # From here on a stop signal raises _Stopped wherever the main thread is (loading weights,
     # waiting for the other processes to join); uvicorn installs its own handlers while it serves,
     # restores these and re-raises the signal once its graceful shutdown is done.
@@ -89,7 +84,8 @@ def _serve(args: argparse.Namespace, engine_args: dict, exposure: Exposure) -> i
             engine = multihost.lead(args, engine_args)
         else:
             engine = AsyncLLMEngine.from_model(args.model, stream_interval=args.stream_interval, config=args.config,
-                                               tokenizer=args.tokenizer, **engine_args)
+                                               tokenizer=args.tokenizer, pinned_prefixes=args.pinned_prefixes or (),
+                                               **engine_args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
