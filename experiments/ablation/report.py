@@ -1,0 +1,134 @@
+"""REPORT.md section: the ablations of the four figures outside the paper's range (Figs. 12(c), 15, 16, 17).
+
+Per figure: the table of `experiments.ablation` (the figure rerun with one modelling choice changed at a
+time: each quantity the figure is judged by, its change from the baseline row of the same grid, and why
+the choice is plausible or which source fixes it), then a verdict computed from the rows: whether any
+row reaches the paper's range, how far the source-backed rows move it, and what the paper's number
+would need. Fig. 16's verdict also reads the step measurement (`experiments.shared_prefix.steps`).
+"""
+
+from __future__ import annotations
+
+from experiments.ablation.verdicts import VERDICTS
+from experiments.markdown import Figures, command, finished
+from jpaged.paper.systems import LABELS
+
+# (ablation stem, heading, the committed figure's stem, the quantity its verdict is about)
+ABLATIONS = (
+    ("ablation_throughput_opt175b_sharegpt", "Fig. 12(c): OPT-175B, ShareGPT, vLLM / Orca (Oracle)",
+     "throughput_opt175b_sharegpt", "vLLM / Orca (Oracle)"),
+    ("ablation_parallel_sampling", "Fig. 15: Alpaca beam search, width 6 saving", "parallel_sampling",
+     "alpaca beam_recorded width 6 saving (%)"),
+    ("ablation_shared_prefix", "Fig. 16: shared prefix, vLLM / Orca (Oracle)", "shared_prefix",
+     "341-token prefix: vLLM / Orca (Oracle)"),
+    ("ablation_chatbot", "Fig. 17: chatbot, vLLM / each Orca", "chatbot", "vLLM / Orca (Oracle)"),
+)
+
+
+def committed_quantities(stem: str, r: dict) -> dict[str, float]:
+    """The quantities of the committed figure `stem` (its own sweep and thresholds), named as the
+    ablation names them."""
+    if stem == "parallel_sampling":
+        return {f"{d} {x} width {w} saving (%)": v for d, xs in r["memory_saving"].items()
+                for x, by in xs.items() for w, v in by.items()}
+    panels = r["sustained_rate"] if stem == "shared_prefix" else {"": r["sustained_rate"]}
+    out = {}
+    for n, rates in panels.items():
+        label = f"{n}-token prefix: " if n else ""
+        for system, rate in rates.items():
+            out[f"{label}{LABELS[system]} sustained (req/s)"] = rate
+            if system != "vllm":
+                out[f"{label}vLLM / {LABELS[system]}"] = rates["vllm"] / rate
+    return out
+
+
+def _fmt(quantity: str, value: float) -> str:
+    return f"{value:.1f}%" if quantity.endswith("(%)") else f"{value:.2f}×"
+
+
+def _cell(quantity: str, value: float | None, base: float | None, paper: list[float] | None, flag: str = "") -> str:
+    if value is None:
+        return "—"
+    text = _fmt(quantity, value) + {"above_sweep": "+", "below_sweep": "−"}.get(flag, "?" if flag else "")
+    if paper and paper[0] <= value <= paper[1]:
+        text = f"**{text}**"
+    if base and value != base:
+        text += f" ({100 * (value / base - 1):+.0f}%)"
+    return text
+
+
+def table(a: dict, committed: dict[str, float] | None) -> str:
+    """The ablation's rows: the committed figure, the baseline of the ablation's grid, each variant."""
+    paper = a["paper"]
+    quantities = list(paper) or list(a["rows"][0]["quantities"])
+    base = a["rows"][0]["quantities"]
+    head = ("| row | reading | " + " | ".join(quantities) + " | why (source or bound) |\n|---|---|"
+            + "---|" * len(quantities) + "---|")
+    lines = [head]
+    if committed is not None:
+        lines.append("| the committed figure | — | " + " | ".join(
+            _cell(q, committed.get(q), None, paper.get(q)) for q in quantities) + " | its own config and grid |")
+    lines.append("| paper | — | " + " | ".join(
+        (f"{_fmt(q, lo)}–{_fmt(q, hi)}" if lo != hi else _fmt(q, lo)) for q, (lo, hi) in paper.items()) + " | |")
+    for row in a["rows"]:
+        changed = ", ".join(f"`{k}: {v}`" for k, v in row["set"].items()) or "—"
+        only = f" ({', '.join(row['systems'])} only)" if row.get("systems") else ""
+        cells = " | ".join(_cell(q, row["quantities"].get(q), None if row is a["rows"][0] else base.get(q),
+                                 paper.get(q), row.get("censored", {}).get(q, "")) for q in quantities)
+        why = row["why"].replace("|", "/")
+        lines.append(f"| {row['name']}{only} | {row['reading']} | {cells} | {changed}: {why} |")
+    return "\n".join(lines)
+
+
+def moves(a: dict, quantity: str) -> tuple[list[tuple[str, float]], list[str], list[tuple[str, float]]]:
+    """(every variant's change of `quantity` from the baseline, largest first; the rows inside the
+    paper's range; the source-backed rows' changes)."""
+    base = a["rows"][0]["quantities"][quantity]
+    lo, hi = a["paper"][quantity]
+    changes = sorted(((row["name"], row["quantities"][quantity] / base - 1) for row in a["rows"][1:]
+                      if quantity in row["quantities"]), key=lambda c: -abs(c[1]))
+    inside = [row["name"] for row in a["rows"] if lo <= row["quantities"].get(quantity, -1) <= hi]
+    source = [(row["name"], row["quantities"][quantity] / base - 1) for row in a["rows"][1:] if row["reading"] == "source"]
+    return changes, inside, source
+
+
+def verdict(a: dict, quantity: str, committed: dict[str, float] | None) -> str:
+    """The data half of a figure's verdict: in or out of the paper's range, by which rows, how far."""
+    changes, inside, source = moves(a, quantity)
+    base = a["rows"][0]["quantities"][quantity]
+    lo, hi = a["paper"][quantity]
+    now = "" if committed is None or quantity not in committed else f"the committed figure {_fmt(quantity, committed[quantity])}, "
+    top = ", ".join(f"{name} {100 * c:+.0f}%" for name, c in changes[:3])
+    src = ("; the source-backed rows: " + ", ".join(f"{name} {100 * c:+.0f}%" for name, c in source)) if source else ""
+    status = (f"in the paper's range ({_fmt(quantity, lo)}–{_fmt(quantity, hi)}) in: {', '.join(inside)}" if inside
+              else f"no row reaches the paper's range ({_fmt(quantity, lo)}–{_fmt(quantity, hi)})")
+    return (f"{quantity}: {now}the ablation's baseline {_fmt(quantity, base)}; {status}. Largest moves: {top}{src}.")
+
+
+def ablations(results: dict, figures: Figures) -> str:
+    """The section: one table and verdict per ablated figure."""
+    out = ["""## Ablations of the four figures outside the paper's range
+
+Each figure below is rerun with one modelling choice changed at a time
+(`python -m experiments.ablation --config configs/ablation/<figure>.yaml`; each row is the figure's own run, its
+points in `ablation/<figure>/<row>.json`). The baseline row is the figure's committed config on the ablation's
+grid (shorter traces and fewer rates, stated per table), so each row's change (in parentheses) is against a
+baseline of the same grid; the committed figure's own value is the first row. **Bold**: inside the paper's range
+(our reading of the paper's number, as its section states it; a single printed number is read ±10%). `+`: a
+sustained rate past the top of the row's grid (the ratio is a bound). *source*: the row's value is fixed by
+the paper, its artifact or vLLM v0.1.x (the citation is in the last column); *bound*: a plausible bound of a
+choice no source fixes. Rows with `only` rerun those systems alone and keep the baseline's points of the others."""]
+    for stem, heading, figure, quantity in ABLATIONS:
+        a = finished(results, stem, "rows")
+        name = stem.removeprefix("ablation_")
+        if a is None:
+            out.append(f"### {heading}\n\n*Not run yet: {command('ablation', f'ablation/{name}')}.*")
+            continue
+        fig = results.get(figure)
+        committed = committed_quantities(figure, fig) if fig and ("sustained_rate" in fig or "memory_saving" in fig) else None
+        common = ", ".join(f"`{k}`" for k in a["common"]) or "nothing"
+        wall = sum(row["wall_s"] for row in a["rows"])
+        out.append(f"### {heading}\n\nCommand: {command('ablation', f'ablation/{name}')} ({wall:.0f} s); base "
+                   f"`{a['base']}`, the grid changing {common}.\n\n{table(a, committed)}\n\n"
+                   f"Verdict. {verdict(a, quantity, committed)} {VERDICTS[stem](a, results)}")
+    return "\n\n".join(out)
