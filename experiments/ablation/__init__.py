@@ -24,7 +24,6 @@ import importlib
 import json
 import logging
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -79,6 +78,7 @@ class AblationConfig:
     readings: list[str] = dataclasses.field(default_factory=lambda: ["source", "bound"])  # which variants run
     # quantity -> [lo, hi] the paper prints (the verdict places each row against it)
     paper: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    columns: list[str] = dataclasses.field(default_factory=list)  # further quantities the table shows (no range)
     output: str = "results/ablation.json"  # the table's JSON, relative to the repo root
 
     def __post_init__(self) -> None:
@@ -135,9 +135,12 @@ def quantities_of(figure: str, points: list[dict], fig_config) -> tuple[dict[str
     rate (per prefix for shared_prefix), or the memory saving (%) per dataset, series and width;
     and, per quantity the sweep did not bracket, "above_sweep" or "below_sweep" (the figure's rule,
     `experiments.throughput.sustained_rates`)."""
-    if figure == "parallel_sampling":
-        return {f"{p['dataset']} {p['series']} width {p['width']} saving (%)": p["memory_saving"]
-                for p in points if "memory_saving" in p}, {}
+    if figure == "parallel_sampling":  # and, for beam search, the distinct parents of each step's beams
+        saving = {f"{p['dataset']} {p['series']} width {p['width']} saving (%)": p["memory_saving"]
+                  for p in points if "memory_saving" in p}
+        parents = {f"{p['dataset']} {p['series']} width {p['width']} parents per step": p["mean_parents_per_step"]
+                   for p in points if "memory_saving" in p and "mean_parents_per_step" in p}
+        return saving | parents, {}
     panels = ({"": points} if figure != "shared_prefix" else
               {f"{n}-token prefix: ": [p for p in points if p["prefix_len"] == n] for n in fig_config.prefix_lens})
     out, censored = {}, {}
@@ -160,22 +163,43 @@ def quantities_of(figure: str, points: list[dict], fig_config) -> tuple[dict[str
     return out, censored
 
 
+def knees(figure: str, points: list[dict], fig_config) -> dict[str, dict]:
+    """Per panel and system, its last point under the sustained threshold (the knee's loaded side):
+    rate, requests resident in the KV cache and requests per step there; for Fig. 15, each saving
+    run's preemptions (none: the swap space never came into play)."""
+    if figure == "parallel_sampling":
+        return {f"{p['dataset']} {p['series']} width {p['width']}": {"num_preemptions": p["num_preemptions"]}
+                for p in points if "memory_saving" in p}
+    panels = ({"": points} if figure != "shared_prefix" else
+              {f"{n}-token prefix: ": [p for p in points if p["prefix_len"] == n] for n in fig_config.prefix_lens})
+    out = {}
+    for label, panel in panels.items():
+        threshold = fig_config.latency_threshold_factor * min(p["normalized_latency"] for p in panel)
+        for system in dict.fromkeys(p["system"] for p in panel):
+            under = [p for p in panel if p["system"] == system and p["normalized_latency"] <= threshold]
+            if under:
+                p = max(under, key=lambda p: p["request_rate"])
+                out[f"{label}{LABELS[system]}"] = {k: p[k] for k in ("request_rate", "requests_resident",
+                                                                     "requests_per_step", "num_preemptions")}
+    return out
+
+
 def _row(config: AblationConfig, name: str, changes: dict, systems: list[str], run: Callable,
          baseline_points: list[dict] | None, resume: bool) -> dict:
     fig_config = figure_config(config, name, changes, systems)
-    start = time.perf_counter()
     if baseline_points is not None and set(changes) <= _READ_ONLY:  # the baseline's points, read another way
         points = baseline_points
         return {"name": name, "set": changes, "systems": systems, "result": None,
                 **dict(zip(("quantities", "censored"), quantities_of(config.figure, points, fig_config))),
-                "wall_s": time.perf_counter() - start}
+                "knees": knees(config.figure, points, fig_config), "wall_s": 0.0}
     result = call_run(run, fig_config, resume=resume)
     points = result["points"]
     if systems and baseline_points is not None:  # the other systems keep the baseline's points
         points = [p for p in baseline_points if p["system"] not in systems] + points
     quantities, censored = quantities_of(config.figure, points, fig_config)
     return {"name": name, "set": changes, "systems": systems, "result": fig_config.output,
-            "quantities": quantities, "censored": censored, "wall_s": time.perf_counter() - start}
+            "quantities": quantities, "censored": censored, "knees": knees(config.figure, points, fig_config),
+            "wall_s": result["total_wall_s"]}  # its points' own wall time (kept points keep theirs)
 
 
 def run(config: AblationConfig, resume: bool = False) -> dict:
@@ -192,10 +216,10 @@ def run(config: AblationConfig, resume: bool = False) -> dict:
         print(f"== {config.name}: {variant.name}")
         row = _row(config, variant.name, variant.set, variant.systems, module.run, base_points, resume)
         rows.append(row | {"reading": variant.reading, "why": variant.why})
-        write_json(out, {"rows": rows, "paper": config.paper, "figure": config.figure, "base": config.base,
-                         "common": config.common, "provenance": prov})
-    result = {"rows": rows, "paper": config.paper, "figure": config.figure, "base": config.base,
-              "common": config.common, "provenance": prov}
+        write_json(out, {"rows": rows, "paper": config.paper, "columns": config.columns, "figure": config.figure,
+                         "base": config.base, "common": config.common, "provenance": prov})
+    result = {"rows": rows, "paper": config.paper, "columns": config.columns, "figure": config.figure,
+              "base": config.base, "common": config.common, "provenance": prov}
     write_json(out, result)
     for row in rows:
         print(f"{row['name']:<40} " + "  ".join(f"{q}: {v:.3g}" for q, v in row["quantities"].items()

@@ -43,7 +43,10 @@ def committed_quantities(stem: str, r: dict) -> dict[str, float]:
 
 
 def _fmt(quantity: str, value: float) -> str:
-    return f"{value:.1f}%" if quantity.endswith("(%)") else f"{value:.2f}×"
+    """A saving in %, a ratio with ×, anything else (rates, counts) plain."""
+    if quantity.endswith("(%)"):
+        return f"{value:.1f}%"
+    return f"{value:.2f}×" if " / " in quantity else f"{value:.2f}"
 
 
 def _cell(quantity: str, value: float | None, base: float | None, paper: list[float] | None, flag: str = "") -> str:
@@ -60,7 +63,7 @@ def _cell(quantity: str, value: float | None, base: float | None, paper: list[fl
 def table(a: dict, committed: dict[str, float] | None) -> str:
     """The ablation's rows: the committed figure, the baseline of the ablation's grid, each variant."""
     paper = a["paper"]
-    quantities = list(paper) or list(a["rows"][0]["quantities"])
+    quantities = (list(paper) + a.get("columns", [])) or list(a["rows"][0]["quantities"])
     base = a["rows"][0]["quantities"]
     head = ("| row | reading | " + " | ".join(quantities) + " | why (source or bound) |\n|---|---|"
             + "---|" * len(quantities) + "---|")
@@ -69,14 +72,14 @@ def table(a: dict, committed: dict[str, float] | None) -> str:
         lines.append("| the committed figure | — | " + " | ".join(
             _cell(q, committed.get(q), None, paper.get(q)) for q in quantities) + " | its own config and grid |")
     lines.append("| paper | — | " + " | ".join(
-        (f"{_fmt(q, lo)}–{_fmt(q, hi)}" if lo != hi else _fmt(q, lo)) for q, (lo, hi) in paper.items()) + " | |")
+        (f"{_fmt(q, paper[q][0])}–{_fmt(q, paper[q][1])}" if q in paper else "—") for q in quantities) + " | |")
     for row in a["rows"]:
-        changed = ", ".join(f"`{k}: {v}`" for k, v in row["set"].items()) or "—"
+        changed = "".join(f"`{k}: {v}`, " for k, v in row["set"].items())
         only = f" ({', '.join(row['systems'])} only)" if row.get("systems") else ""
         cells = " | ".join(_cell(q, row["quantities"].get(q), None if row is a["rows"][0] else base.get(q),
                                  paper.get(q), row.get("censored", {}).get(q, "")) for q in quantities)
         why = row["why"].replace("|", "/")
-        lines.append(f"| {row['name']}{only} | {row['reading']} | {cells} | {changed}: {why} |")
+        lines.append(f"| {row['name']}{only} | {row['reading']} | {cells} | {changed}{why} |")
     return "\n".join(lines)
 
 
