@@ -199,6 +199,8 @@ def _row(config: AblationConfig, name: str, changes: dict, systems: list[str], r
     quantities, censored = quantities_of(config.figure, points, fig_config)
     return {"name": name, "set": changes, "systems": systems, "result": fig_config.output,
             "quantities": quantities, "censored": censored, "knees": knees(config.figure, points, fig_config),
+            # the figure's own scalars (e.g. the chatbot's share of prompts at the cut)
+            "scalars": {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "wall_s": result["total_wall_s"]}  # its points' own wall time (kept points keep theirs)
 
 

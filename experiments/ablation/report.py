@@ -55,7 +55,7 @@ def _cell(quantity: str, value: float | None, base: float | None, paper: list[fl
     text = _fmt(quantity, value) + {"above_sweep": "+", "below_sweep": "−"}.get(flag, "?" if flag else "")
     if paper and paper[0] <= value <= paper[1]:
         text = f"**{text}**"
-    if base and value != base:
+    if base:
         text += f" ({100 * (value / base - 1):+.0f}%)"
     return text
 
