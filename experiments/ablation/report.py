@@ -114,7 +114,7 @@ def ablations(results: dict, figures: Figures) -> str:
 
 Each figure below is rerun with one modelling choice changed at a time
 (`python -m experiments.ablation --config configs/ablation/<figure>.yaml`; each row is the figure's own run, its
-points in `ablation/<figure>/<row>.json`). The baseline row is the figure's committed config on the ablation's
+points in `results/ablation/*/*.json`, one file per row). The baseline row is the figure's committed config on the ablation's
 grid (shorter traces and fewer rates, stated per table), so each row's change (in parentheses) is against a
 baseline of the same grid; the committed figure's own value is the first row. **Bold**: inside the paper's range
 (our reading of the paper's number, as its section states it; a single printed number is read ±10%). `+`: a
