@@ -1,6 +1,6 @@
 """Ablations of a paper figure: the figure rerun with one modelling choice changed at a time.
 
-An ablation config names a figure experiment (`figure`: throughput, chatbot, shared_prefix or
+An ablation config names a figure experiment (`experiment`: throughput, chatbot, shared_prefix or
 parallel_sampling), the committed config it starts from (`base`), the fields every run changes to
 keep the grid small (`common`: shorter traces, fewer rates around the knees; the baseline row runs
 with them too, so each variant is compared with a baseline of the same grid) and the variants. A
@@ -70,7 +70,7 @@ class Variant:
 class AblationConfig:
     """A figure, the config it starts from, the changes every run shares, and the variants."""
 
-    figure: str  # experiment whose run() computes each row (a FIGURES key)
+    experiment: str  # the figure experiment whose run() computes each row (a FIGURES key)
     base: str  # the figure's committed config, relative to the repo root
     name: str  # folder of the rows' own results: ablation/<name>/ beside `output`
     common: dict[str, Any] = dataclasses.field(default_factory=dict)  # dotted field -> value, every run
@@ -82,8 +82,8 @@ class AblationConfig:
     output: str = "results/ablation.json"  # the table's JSON, relative to the repo root
 
     def __post_init__(self) -> None:
-        if self.figure not in FIGURES:
-            raise ValueError(f"figure must be one of {', '.join(FIGURES)}, got {self.figure!r}")
+        if self.experiment not in FIGURES:
+            raise ValueError(f"experiment must be one of {', '.join(FIGURES)}, got {self.experiment!r}")
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
             raise ValueError(f"name must be lower-case letters, digits and _, got {self.name!r}")
         names = [v.name for v in self.variants]
@@ -116,7 +116,7 @@ def set_fields(data: dict, changes: dict[str, Any]) -> dict:
 
 def figure_config(config: AblationConfig, row: str, changes: dict[str, Any], systems: list[str] | None = None):
     """The figure's config for one row: base + common + `changes`, outputs under ablation/<name>/."""
-    module_name, class_name = FIGURES[config.figure]
+    module_name, class_name = FIGURES[config.experiment]
     cls = getattr(importlib.import_module(f"experiments.{module_name}"), class_name)
     data = set_fields(config_to_dict(load_config(REPO_ROOT / config.base, cls)), {**config.common, **changes})
     slug = re.sub(r"[^a-z0-9]+", "_", row.lower()).strip("_")
@@ -190,24 +190,29 @@ def _row(config: AblationConfig, name: str, changes: dict, systems: list[str], r
     if baseline_points is not None and set(changes) <= _READ_ONLY:  # the baseline's points, read another way
         points = baseline_points
         return {"name": name, "set": changes, "systems": systems, "result": None,
-                **dict(zip(("quantities", "censored"), quantities_of(config.figure, points, fig_config))),
-                "knees": knees(config.figure, points, fig_config), "wall_s": 0.0}
+                **dict(zip(("quantities", "censored"), quantities_of(config.experiment, points, fig_config))),
+                "knees": knees(config.experiment, points, fig_config), "wall_s": 0.0}
     result = call_run(run, fig_config, resume=resume)
     points = result["points"]
     if systems and baseline_points is not None:  # the other systems keep the baseline's points
         points = [p for p in baseline_points if p["system"] not in systems] + points
-    quantities, censored = quantities_of(config.figure, points, fig_config)
+    quantities, censored = quantities_of(config.experiment, points, fig_config)
     return {"name": name, "set": changes, "systems": systems, "result": fig_config.output,
-            "quantities": quantities, "censored": censored, "knees": knees(config.figure, points, fig_config),
+            "quantities": quantities, "censored": censored, "knees": knees(config.experiment, points, fig_config),
             # the figure's own scalars (e.g. the chatbot's share of prompts at the cut)
             "scalars": {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "wall_s": result["total_wall_s"]}  # its points' own wall time (kept points keep theirs)
 
 
+def _table(config: AblationConfig, rows: list[dict], prov: dict) -> dict:
+    return {"rows": rows, "paper": config.paper, "columns": config.columns, "experiment": config.experiment,
+            "base": config.base, "common": config.common, "provenance": prov}
+
+
 def run(config: AblationConfig, resume: bool = False) -> dict:
     """The baseline and every variant (each the figure's own run; under `resume`, each keeps its
     finished points); writes and returns the table's JSON."""
-    module = importlib.import_module(f"experiments.{FIGURES[config.figure][0]}")
+    module = importlib.import_module(f"experiments.{FIGURES[config.experiment][0]}")
     prov = provenance(config)
     rows = []
     baseline = _row(config, "baseline", {}, [], module.run, None, resume)
@@ -218,10 +223,8 @@ def run(config: AblationConfig, resume: bool = False) -> dict:
         print(f"== {config.name}: {variant.name}")
         row = _row(config, variant.name, variant.set, variant.systems, module.run, base_points, resume)
         rows.append(row | {"reading": variant.reading, "why": variant.why})
-        write_json(out, {"rows": rows, "paper": config.paper, "columns": config.columns, "figure": config.figure,
-                         "base": config.base, "common": config.common, "provenance": prov})
-    result = {"rows": rows, "paper": config.paper, "columns": config.columns, "figure": config.figure,
-              "base": config.base, "common": config.common, "provenance": prov}
+        write_json(out, _table(config, rows, prov))
+    result = _table(config, rows, prov)
     write_json(out, result)
     for row in rows:
         print(f"{row['name']:<40} " + "  ".join(f"{q}: {v:.3g}" for q, v in row["quantities"].items()

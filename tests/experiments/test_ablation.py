@@ -25,7 +25,7 @@ def test_set_fields_names_a_field_the_config_lacks(dotted, message):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"figure": "fig99"}, "figure must be one of"),
+    ({"experiment": "fig99"}, "experiment must be one of"),
     ({"name": "Bad Name"}, "name must be"),
     ({"variants": [{"name": "baseline", "set": {"seed": 1}}]}, "not 'baseline'"),
     ({"paper": {"q": [2.0, 1.0]}}, r"paper.q must be \[lo, hi\]"),
@@ -35,7 +35,7 @@ def test_set_fields_names_a_field_the_config_lacks(dotted, message):
 ])
 def test_config_errors_name_the_field(data, message):
     with pytest.raises(ValueError, match=message):
-        config_from_dict(AblationConfig, {"figure": "chatbot", "base": "configs/chatbot.yaml", "name": "x", **data})
+        config_from_dict(AblationConfig, {"experiment": "chatbot", "base": "configs/chatbot.yaml", "name": "x", **data})
 
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "configs" / "ablation").glob("*.yaml")), ids=lambda p: p.stem)
@@ -54,7 +54,7 @@ def test_every_committed_ablation_builds_each_rows_figure_config(path):
 
 def test_a_small_chatbot_ablation(tmp_path):
     config = AblationConfig(
-        figure="chatbot", base="configs/chatbot.yaml", name="tiny",
+        experiment="chatbot", base="configs/chatbot.yaml", name="tiny",
         common={"duration_s": 20.0, "systems": ["vllm", "orca_oracle"],
                 "rates": {"vllm": [0.5, 8.0], "orca_oracle": [0.5, 8.0]}},
         variants=[Variant(name="orca at 8 seqs", set={"scheduler.max_num_seqs": 8}, systems=["orca_oracle"]),
