@@ -136,6 +136,15 @@ def summary(results: dict) -> str:
     return opening + "\n\n" + "\n".join(lines)
 
 
+def _figure_verdict(stem: str, a: dict, results: dict) -> str:
+    """The figure-specific half of the verdict, which reads every row: only when every variant ran."""
+    readings = a.get("provenance", {}).get("config", {}).get("readings", ["source", "bound"])
+    if set(readings) != {"source", "bound"}:
+        return (f"Only the {' and '.join(readings)} rows ran here (`readings`); the run with every row gives the "
+                f"rest of the verdict.")
+    return VERDICTS[stem](a, results)
+
+
 def ablations(results: dict, figures: Figures) -> str:
     """The section: one table and verdict per ablated figure."""
     out = ["""## Ablations of the four figures outside the paper's range
@@ -162,5 +171,5 @@ choice no source fixes. Rows with `only` rerun those systems alone and keep the 
         wall = sum(row["wall_s"] for row in a["rows"])
         out.append(f"### {heading}\n\nCommand: {command('ablation', f'ablation/{name}')} ({wall:.0f} s); base "
                    f"`{a['base']}`, the grid changing {common}.\n\n{table(a, committed)}\n\n"
-                   f"Verdict. {verdict(a, quantity, committed)} {VERDICTS[stem](a, results)}")
+                   f"Verdict. {verdict(a, quantity, committed)} {_figure_verdict(stem, a, results)}")
     return "\n\n".join(out)
