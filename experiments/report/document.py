@@ -17,6 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from experiments.ablation.report import ablations
 from experiments.block_size.report import block_size
 from experiments.chatbot.report import chatbot
 from experiments.chunked_prefill.report import chunked_prefill
@@ -75,7 +76,7 @@ def provenance(results: dict, figures: Figures) -> str:
 
 # The report in order; kernel_bench opens Fig. 18 and block_size continues it (Fig. 18b).
 SECTIONS = (header, sim_validation, figure_moves, memory_waste, throughput, real_executor, parallel_sampling,
-            shared_prefix, chatbot, conversation, kernel_bench, block_size, preemption, chunked_prefill, fleet_section,
+            shared_prefix, chatbot, ablations, conversation, kernel_bench, block_size, preemption, chunked_prefill, fleet_section,
             host_and_real_engine, serving_against_vllm, provenance)
 
 

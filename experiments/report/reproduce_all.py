@@ -3,7 +3,8 @@
 Each experiment writes its JSON and figures as its own entry point does; the report
 (`experiments.report.document`) is then rewritten from the JSON files. The full run includes the slow
 real-hardware benchmarks (kernel_bench, bench_host, serve_real), the real model's beam searches
-(record_beams) and the six paper panels of Figs. 12/13 with their sensitivity runs. `--quick`
+(record_beams), the six paper panels of Figs. 12/13 with their sensitivity runs, and the ablations of
+the figures outside the paper's range (ABLATIONS; quick mode keeps only their source-backed rows). `--quick`
 skips those and runs shortened copies of the other configs (shorter traces, fewer points: the
 overrides in QUICK) into results/quick/, with their own REPORT.md there (its beam-search replay
 reads the committed results/beam_traces.npz). `--skip NAME ...` leaves out the named configs
@@ -36,6 +37,9 @@ from experiments.common import REPO_ROOT, call_run
 from experiments.report.document import write_report
 from jpaged.config import load_config
 
+# The figures outside the paper's range, each rerun with one modelling choice changed at a time
+# (configs/ablation/<name>.yaml); quick mode runs only their source-backed rows.
+ABLATIONS = ("chatbot", "throughput_opt175b_sharegpt", "shared_prefix", "parallel_sampling")
 # (module under experiments/, config under configs/) in order; the module's run(config) and its config
 # class are looked up by name.
 PANELS = ("throughput_opt13b_sharegpt", "throughput_opt66b_sharegpt", "throughput_opt175b_sharegpt",
@@ -44,7 +48,8 @@ PANELS = ("throughput_opt13b_sharegpt", "throughput_opt66b_sharegpt", "throughpu
 STEPS = (("memory_waste", "memory_waste"), ("throughput", "throughput"),
          *(("throughput", panel) for panel in PANELS),
          ("record_beams", "record_beams"), ("parallel_sampling", "parallel_sampling"),
-         ("shared_prefix", "shared_prefix"), ("chatbot", "chatbot"),
+         ("shared_prefix", "shared_prefix"), ("shared_prefix.steps", "shared_prefix_steps"), ("chatbot", "chatbot"),
+         *(("ablation", f"ablation/{name}") for name in ABLATIONS),
          ("kernel_bench", "kernel_bench"), ("kernel_bench", "kernel_bench_block_sizes"),
          ("block_size", "block_size"), ("preemption", "preemption"), ("chunked_prefill", "chunked_prefill"),
          ("fleet", "fleet"), ("bench.bench_host", "bench_host"), ("bench.serve_real", "serve_real"))
@@ -56,7 +61,8 @@ CONFIG_CLASSES = {"memory_waste": "MemoryWasteConfig", "throughput": "Throughput
                   "chatbot": "ChatbotConfig", "kernel_bench": "KernelBenchConfig", "block_size": "BlockSizeConfig",
                   "preemption": "PreemptionConfig", "chunked_prefill": "ChunkedPrefillConfig", "fleet": "FleetConfig",
                   "record_beams": "RecordBeamsConfig", "bench.bench_host": "BenchHostConfig",
-                  "bench.serve_real": "ServeRealConfig"}
+                  "bench.serve_real": "ServeRealConfig", "shared_prefix.steps": "SharedPrefixStepsConfig",
+                  "ablation": "AblationConfig"}
 # --quick: shorter traces and fewer points (the same code paths as the full configs).
 QUICK = {
     "memory_waste": {"duration_s": 200.0, "picture_start_s": 100.0, "picture_window_s": 30.0},
@@ -70,6 +76,11 @@ QUICK = {
                                                     "vllm_341": [10, 30, 50, 70], "orca_oracle_341": [4, 8, 12, 20]}},
     "chatbot": {"duration_s": 200.0, "rates": {"vllm": [0.5, 1.0, 1.5, 2.0], "orca_oracle": [0.25, 0.5, 1.0, 1.5],
                                                "orca_pow2": [0.25, 0.5, 1.0, 1.5], "orca_max": [0.25, 0.5, 1.0, 1.5]}},
+    "shared_prefix_steps": {"duration_s": 30.0, "sustained_from": "results/quick/shared_prefix.json"},
+    "ablation/chatbot": {"readings": ["source"]},
+    "ablation/throughput_opt175b_sharegpt": {"readings": ["source"]},
+    "ablation/shared_prefix": {"readings": ["source"]},
+    "ablation/parallel_sampling": {"readings": ["source"]},
     "block_size": {"duration_s": 60.0, "block_sizes": [1, 4, 16, 64, 256]},
     "preemption": {"duration_s": 120.0, "block_sizes": [1, 4, 16, 64, 256], "seq_len": 256, "repeats": 2},
     "chunked_prefill": {"duration_s": 120.0, "rates": [1.0, 2.0, 3.0], "real": None},

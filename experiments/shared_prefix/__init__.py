@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Literal
+from typing import Callable, Literal
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -30,7 +30,8 @@ from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from jpaged.config.presets import get_preset
 from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.systems import build_engine, check_system
-from jpaged.paper.trace_runner import run_trace
+from jpaged.engine import LLMEngine
+from jpaged.paper.trace_runner import StepObserver, run_trace
 from jpaged.paper.workloads import MIN_LEN, lengths_trace, poisson_arrivals
 
 logger = logging.getLogger(__name__)
@@ -99,10 +100,11 @@ def make_trace(config: SharedPrefixConfig, prefix_len: int, rate: float) -> list
     return lengths_trace(arrivals, inputs, outputs, token_rng, vocab, prefix=prefix)
 
 
-def run_point(config: SharedPrefixConfig, prefix_len: int, system: str, rate: float) -> dict:
+def run_point(config: SharedPrefixConfig, prefix_len: int, system: str, rate: float,
+              observe: Callable[[LLMEngine], StepObserver] | None = None) -> dict:
     """Serves the trace at `rate`; vLLM runs with its prefix cache (the prefix pre-stored under
     `pin_prefix`: the trace starts after it is computed) and reports the hit rate of the trace's
-    prompts."""
+    prompts. `observe(engine)`, if given, makes an observer of every executed step of the trace."""
     cache = dataclasses.replace(config.cache, enable_prefix_caching=system == "vllm")
     engine_config = EngineConfig(model=config.model, cache=cache, scheduler=config.scheduler,
                                  executor=config.executor)
@@ -111,7 +113,8 @@ def run_point(config: SharedPrefixConfig, prefix_len: int, system: str, rate: fl
     if pinned:
         engine.pin_prefix(make_prefix(config, prefix_len).tolist())
     before = engine.prefix_cache_stats()  # (the pinning's own prompt is no trace prompt)
-    result = run_trace(engine, make_trace(config, prefix_len, rate))
+    result = run_trace(engine, make_trace(config, prefix_len, rate),
+                       observer=None if observe is None else observe(engine))
     point = {"prefix_len": prefix_len, "system": system, "request_rate": rate, **point_metrics(result)}
     if system == "vllm":
         after = engine.prefix_cache_stats()

@@ -1,0 +1,3 @@
+from experiments.ablation import main
+
+main()
