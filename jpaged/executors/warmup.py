@@ -194,7 +194,7 @@ def enable_compilation_cache() -> Path | None:
     ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and returns that folder.
     A cache folder JAX already has (JAX_COMPILATION_CACHE_DIR, jax.config) is kept, and None
     returned. Call it before anything compiles: JAX decides at its first compilation whether a
-    cache is used."""
+    cache is used. No key holds the folder's path: a moved or copied folder still hits."""
     root = os.environ.get("JPAGED_CACHE_DIR", DEFAULT_CACHE_DIR)
     if not root or jax.config.jax_compilation_cache_dir:
         return None
@@ -202,4 +202,11 @@ def enable_compilation_cache() -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
+    if "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES" not in os.environ:  # an explicit choice stays
+        # JAX's default also turns on XLA's per-fusion autotune cache at `<cache>/xla_gpu_per_fusion_
+        # autotune_cache_dir` and passes that absolute path in the compile options, which are part of
+        # every entry's key (also on CPU, where nothing reads it): a moved or copied cache folder then
+        # missed for every program. The entries hold whole executables, autotuned ones on GPU; the
+        # sub-cache only helps a program that is not in the cache yet.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
     return path
