@@ -14,9 +14,10 @@ padding rules the scheduler and executor use (jpaged.core.padding) and the confi
 
 A new static variant of any stage is one more family in `grid`. `compile_grid` runs each program
 once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
-executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more.
-`enable_compilation_cache` keeps compiled programs on disk (`$JPAGED_CACHE_DIR/jax`, default
-~/.cache/jpaged/jax): a restart then traces and loads them instead of compiling.
+executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more;
+the compilations run on a thread per core. `enable_compilation_cache` keeps compiled programs on
+disk (`$JPAGED_CACHE_DIR/jax`, default ~/.cache/jpaged/jax): a restart, or a start on a copy of
+the folder at another path, then traces and loads them instead of compiling.
 """
 
 from __future__ import annotations
