@@ -138,7 +138,8 @@ path = warmup.enable_compilation_cache()
 hits, writes = [], []
 jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
 # (JAX's "cache_misses" event: a compiled program written to the disk cache)
-jax.monitoring.register_event_listener(lambda name, **kw: writes.append(name) if name.endswith("cache_misses") else None)
+jax.monitoring.register_event_listener(
+    lambda name, **kw: writes.append(name) if name.endswith("cache_misses") else None)
 from jpaged.entrypoints.engine_args import load_engine
 engine, _ = load_engine("tiny-llama", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=8,
                         num_blocks=20, attention_backend="xla")
