@@ -225,6 +225,11 @@ class JaxExecutor:
         logits, self.kv_pool = step(self.kv_pool, plan, prompt_rows)
         return logits
 
+    def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
+        """The model step of `plan`'s shape (without prompt rows) on the pool, traced and lowered but
+        not run: compiling it (on any thread) is compiling what `run_model` of that shape runs."""
+        return self.runner.lower(self.kv_pool, plan)
+
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
         sampler's. (More rows than S only where a fresh prompt fans out into n samples; each row's

@@ -14,9 +14,10 @@ padding rules the scheduler and executor use (jpaged.core.padding) and the confi
 
 A new static variant of any stage is one more family in `grid`. `compile_grid` runs each program
 once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
-executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more.
-`enable_compilation_cache` keeps compiled programs on disk (`$JPAGED_CACHE_DIR/jax`, default
-~/.cache/jpaged/jax): a restart then traces and loads them instead of compiling.
+executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more;
+the compilations run on a thread per core. `enable_compilation_cache` keeps compiled programs on
+disk (`$JPAGED_CACHE_DIR/jax`, default ~/.cache/jpaged/jax): a restart, or a start on a copy of
+the folder at another path, then traces and loads them instead of compiling.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -139,6 +141,9 @@ class CompilingExecutor(Protocol):
     def run_model(self, plan: StepPlan) -> jax.Array:
         """The model step of `plan` alone: its logits [S, V]."""
 
+    def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
+        """The model step of `plan` traced and lowered, to be compiled (on any thread)."""
+
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         """The sampler on `logits`."""
 
@@ -151,51 +156,81 @@ class WarmUpStopped(Exception):
 
 
 def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress: bool = True,
-                 stop: threading.Event | None = None) -> dict:
-    """Compiles every program of `grid(config)` by running it once on padding, with a progress
-    bar. Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations"}. Call it before the
-    engine's first step, never while one runs (it uses the executor's pool). `stop` is checked
-    before each program (a compilation itself cannot be interrupted): once set, WarmUpStopped is
-    raised, so a shutdown waits for one program at most, not the grid."""
+                 stop: threading.Event | None = None, workers: int | None = None) -> dict:
+    """Compiles every program of `grid(config)` and runs it once on padding, with a progress bar.
+    Returns {"num_programs", "seconds", "cpu_seconds", "num_compilations", "workers"}. Call it
+    before the engine's first step, never while one runs (it uses the executor's pool).
+
+    Compilations run on `workers` threads (default: one per CPU core): XLA releases the GIL while
+    it compiles or loads a program from the disk cache, and tracing (Python) goes on meanwhile.
+    Model steps are traced and lowered here, one at a time, each compiled on the pool while the
+    next is lowered; then each step runs once (its executable is jit's now: nothing compiles) and
+    its logits feed the sampler of its S, whose programs trace and compile on the pool; block
+    operations, which replace the pool, run here last. `stop` is checked between programs (a
+    compilation itself cannot be interrupted): once set, the queued compilations are dropped, the
+    running ones (at most `workers`) finished, and WarmUpStopped raised."""
     programs = grid(config)
     steps = [p for p in programs if isinstance(p, ModelStep)]
+    samplers = [p for p in programs if isinstance(p, SamplerProgram)]
     ops = [p for p in programs if isinstance(p, BlockOp)]
+    workers = workers or os.cpu_count() or 1
     start, cpu = time.perf_counter(), time.process_time()
-    logits: dict[int, jax.Array] = {}  # the logits of the last step compiled per S
     bar = tqdm(total=len(programs), desc="compile", unit="program", disable=not progress)
-
+    lock = threading.Lock()
     done = 0  # programs compiled (the bar counts nothing when disabled)
 
-    def next_program(program: Program) -> None:
+    def compiled(program: Program) -> None:  # on the thread that compiled it
+        nonlocal done
+        with lock:
+            done += 1
+            bar.set_postfix_str(_describe(program), refresh=False)
+            bar.update()
+
+    def submit(program: Program, compile_fn, *args) -> Future:
+        future = pool.submit(compile_fn, *args)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or compiled(program))
+        return future
+
+    def check_stop() -> None:
         if stop is not None and stop.is_set():
+            pool.shutdown(wait=True, cancel_futures=True)  # the running compilations cannot be cut short
             bar.close()
             # logged here: the caller may be gone already (a server's shutdown cancels its wait)
             log.info("warm-up stopped after %d of %d programs", done, len(programs))
             raise WarmUpStopped(f"warm-up stopped after {done} of {len(programs)} programs")
-        bar.set_postfix_str(_describe(program), refresh=False)
 
-    for step in steps:
-        next_program(step)
-        logits[step.num_seqs] = executor.run_model(padding_plan(step))
-        done += 1
-        bar.update()
-    for program in (p for p in programs if isinstance(p, SamplerProgram)):
-        next_program(program)
-        executor.sample(logits[program.num_rows], _greedy_rows(1))
-        done += 1
-        bar.update()
-    for op in ops:
-        next_program(op)
-        executor.execute(_block_plan(op))
-        done += 1
-        bar.update()
+    with ThreadPoolExecutor(workers, thread_name_prefix="jpaged-compile") as pool:
+        try:
+            steps_compiled = []
+            for step in steps:
+                check_stop()
+                steps_compiled.append(submit(step, executor.lower_model(padding_plan(step)).compile))
+            sampled: dict[int, Future] = {}  # S -> its sampler program, run on the logits of a step of S
+            for step, future in zip(steps, steps_compiled):
+                check_stop()
+                future.result()
+                logits = executor.run_model(padding_plan(step))  # f32[S, V]
+                if step.num_seqs not in sampled:
+                    sampled[step.num_seqs] = submit(SamplerProgram(step.num_seqs), executor.sample, logits,
+                                                    _greedy_rows(1))
+            for program in samplers:
+                check_stop()
+                sampled[program.num_rows].result()
+            for op in ops:
+                check_stop()
+                executor.execute(_block_plan(op))
+                compiled(op)
+        except BaseException:  # a failed compilation or a stop: no queued one starts
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     jax.block_until_ready(executor.kv_pool)
     bar.close()
     executor.warmed_up = True
     report = {"num_programs": len(programs), "seconds": time.perf_counter() - start,
-              "cpu_seconds": time.process_time() - cpu, "num_compilations": executor.num_compilations}
-    log.info("compiled %d programs in %.1f s (%.1f s CPU)", report["num_programs"], report["seconds"],
-             report["cpu_seconds"])
+              "cpu_seconds": time.process_time() - cpu, "num_compilations": executor.num_compilations,
+              "workers": workers}
+    log.info("compiled %d programs in %.1f s (%.1f s CPU, %d threads)", report["num_programs"], report["seconds"],
+             report["cpu_seconds"], workers)
     return report
 
 
@@ -212,7 +247,7 @@ def enable_compilation_cache() -> Path | None:
     ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and returns that folder.
     A cache folder JAX already has (JAX_COMPILATION_CACHE_DIR, jax.config) is kept, and None
     returned. Call it before anything compiles: JAX decides at its first compilation whether a
-    cache is used."""
+    cache is used. No key holds the folder's path: a moved or copied folder still hits."""
     root = os.environ.get("JPAGED_CACHE_DIR", DEFAULT_CACHE_DIR)
     if not root or jax.config.jax_compilation_cache_dir:
         return None
@@ -220,4 +255,11 @@ def enable_compilation_cache() -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_S)
+    if "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES" not in os.environ:  # an explicit choice stays
+        # JAX's default also turns on XLA's per-fusion autotune cache at `<cache>/xla_gpu_per_fusion_
+        # autotune_cache_dir` and passes that absolute path in the compile options, which are part of
+        # every entry's key (also on CPU, where nothing reads it): a moved or copied cache folder then
+        # missed for every program. The entries hold whole executables, autotuned ones on GPU; the
+        # sub-cache only helps a program that is not in the cache yet.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
     return path

@@ -139,14 +139,20 @@ class ModelRunner:
                              f"S={num_seqs}")
         return self._decode(self.params, kv_pool, **arrays)
 
+    def lower(self, kv_pool: KVPool, plan: StepPlan) -> jax.stages.Lowered:
+        """The step of `plan`'s shape over `kv_pool`, traced and lowered, not compiled and not run
+        (counted in `num_compilations`). Its `compile()` is the program a later `prefill` /
+        `decode` of that shape runs: jit keeps both, so that call neither traces nor compiles."""
+        step = self._decode if plan.max_query_len == 1 else self._prefill
+        return step.lower(self.params, kv_pool, **self._checked(kv_pool, plan, None))
+
     def memory_analysis(self, kv_pool: KVPool, plan: StepPlan) -> Any:
         """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
         run (None where the backend has none): its temporaries are the step's activation peak
         (jpaged.executors.kv_sizing)."""
-        step = self._decode if plan.max_query_len == 1 else self._prefill
         traced = self.num_compilations
         try:
-            return step.lower(self.params, kv_pool, **self._checked(kv_pool, plan, None)).compile().memory_analysis()
+            return self.lower(kv_pool, plan).compile().memory_analysis()
         finally:
             # A profile over a pool of another size: no program the engine runs.
             self.num_compilations = traced

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -134,25 +135,44 @@ _CACHE_SCRIPT = """
 import json, jax
 from jpaged.executors import sampling, warmup
 path = warmup.enable_compilation_cache()
-hits = []
+hits, writes = [], []
 jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+# (JAX's "cache_misses" event: a compiled program written to the disk cache)
+jax.monitoring.register_event_listener(
+    lambda name, **kw: writes.append(name) if name.endswith("cache_misses") else None)
 from jpaged.entrypoints.engine_args import load_engine
 engine, _ = load_engine("tiny-llama", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=8,
                         num_blocks=20, attention_backend="xla")
 report = warmup.compile_grid(engine.executor, engine.config, progress=False)
-print(json.dumps({"path": str(path), "hits": len(hits), "model_steps": len(warmup.model_steps(engine.config))}))
+print(json.dumps({"path": str(path), "hits": len(hits), "writes": len(writes),
+                  "model_steps": len(warmup.model_steps(engine.config))}))
 """
 
 
-def test_restart_loads_the_grid_from_the_disk_cache(tmp_path):
-    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every model step from it."""
+def _start(cache: Path) -> dict:
+    """A fresh process compiling the small grid with JPAGED_CACHE_DIR=`cache`: its cache events."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (the test session's own cache: conftest.py)
-    env.update(JPAGED_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    runs = [json.loads(subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], cwd=REPO, env=env, check=True,
-                                      capture_output=True, text=True).stdout.splitlines()[-1]) for _ in range(2)]
-    assert runs[0]["path"] == str(tmp_path / "jax") and any((tmp_path / "jax").iterdir())
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= runs[1]["model_steps"]
+    env.update(JPAGED_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
+    return json.loads(subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], cwd=REPO, env=env, check=True,
+                                     capture_output=True, text=True).stdout.splitlines()[-1])
+
+
+def test_restart_and_a_moved_cache_load_the_grid_from_the_disk_cache(tmp_path):
+    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every model step from
+    it and writes nothing; so does one started on a copy of the folder at another path (no key
+    holds the folder's path)."""
+    first = tmp_path / "first"
+    runs = [_start(first), _start(first)]
+    assert runs[0]["path"] == str(first / "jax") and runs[0]["writes"] >= runs[0]["model_steps"]
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= runs[1]["model_steps"] and runs[1]["writes"] == 0
+    entries = sorted(p.name for p in (first / "jax").iterdir())
+    moved = tmp_path / "elsewhere" / "moved"
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    run = _start(moved)
+    assert run["hits"] == runs[1]["hits"] and run["writes"] == 0
+    assert sorted(p.name for p in (moved / "jax").iterdir()) == entries  # nothing new was written
 
 
 def test_a_cache_jax_already_has_is_kept():
@@ -196,14 +216,14 @@ def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike()
 def test_compile_grid_stops_between_programs_when_told(monkeypatch):
     engine, _ = load_engine("tiny-llama", **SMALL)
     stop = threading.Event()
-    run_model = engine.executor.run_model
+    lower_model = engine.executor.lower_model
 
-    def run_then_stop(plan):  # the first program compiles, then a shutdown asks to stop
-        logits = run_model(plan)
+    def lower_then_stop(plan):  # the first program is lowered (and compiles), then a shutdown asks to stop
+        lowered = lower_model(plan)
         stop.set()
-        return logits
+        return lowered
 
-    monkeypatch.setattr(engine.executor, "run_model", run_then_stop)
+    monkeypatch.setattr(engine.executor, "lower_model", lower_then_stop)
     with pytest.raises(warmup.WarmUpStopped, match=rf"after 1 of {len(warmup.grid(engine.config))}"):
         warmup.compile_grid(engine.executor, engine.config, progress=False, stop=stop)
     assert engine.executor.num_compilations == 1 and not engine.executor.warmed_up
