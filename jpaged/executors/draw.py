@@ -153,9 +153,12 @@ def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax
     rows that do not need it alone, so a row's token does not depend on what else its step asks."""
     rows, vocab = logits.shape
     random = temperature > 0
-    # (a function, called inside each branch: XLA fuses the division into the branch's first pass
-    # instead of writing an [R, V] array before the branches)
-    scaled = lambda: logits / jnp.where(random, temperature, 1.0)[:, None]
+
+    def scaled():
+        # Called inside each branch: XLA fuses the division into the branch's first pass instead of
+        # writing an [R, V] array before the branches.
+        return logits / jnp.where(random, temperature, 1.0)[:, None]
+
     small_k = random & (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
     no_draw = (jnp.zeros(rows, jnp.int32), jnp.zeros(rows, bool))
     tokens, ok = jax.lax.cond(jnp.any(random & ~small_k),

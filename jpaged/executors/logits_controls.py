@@ -72,7 +72,7 @@ def _neutral_device(size: int, vocab: int, widths: ControlWidths, sharding: jax.
                     ) -> dict[str, jax.Array]:
     """`_neutral_host` placed once with `sharding` (the logits'): a step passes these for every
     field none of its rows uses, so a step without controls copies none of them to the device
-    (R x (L + 2B + N + ceil(V / 32) + 4) x 4 bytes: 2.9 MB at 256 rows, L 2,048, B = N = 256,
+    (R x (L + 2B + N + ceil(V / 32) + 4) x 4 bytes: 3.0 MB at 256 rows, L 2,048, B = N = 256,
     V 4,096). Committed arrays of one shape and sharding: the sampler's program is the same
     whichever fields come from here."""
     return {name: jax.device_put(a, sharding) for name, a in _neutral_host(size, vocab, widths).items()}

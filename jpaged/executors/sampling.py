@@ -189,7 +189,8 @@ def _sample(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
     return (tokens, chosen, *_top(logits, row_max, log_norm, rows, ladder))
 
 
-_ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")
+# SamplingBatch's per-row arrays (split_rows slices them)
+_BATCH_ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")
 
 
 def _control_rows(controls: SamplingControls, start: int, stop: int) -> SamplingControls | None:
@@ -212,7 +213,7 @@ def split_rows(batch: SamplingBatch, size: int) -> list[SamplingBatch]:
         return [batch]
     return [dataclasses.replace(
         batch, controls=None if batch.controls is None else _control_rows(batch.controls, i, i + size),
-        **{f: None if getattr(batch, f) is None else getattr(batch, f)[i: i + size] for f in _ROW_FIELDS})
+        **{f: None if getattr(batch, f) is None else getattr(batch, f)[i: i + size] for f in _BATCH_ROW_FIELDS})
         for i in range(0, rows, size)]
 
 
