@@ -33,11 +33,9 @@ import numpy as np
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
 from jpaged.core import padding
-from jpaged.core.padding import pair_bucket
 from jpaged.core.step_plan import ModelOutput, PromptLogprobs, SamplingBatch, StepPlan
-from jpaged.executors import sampling
+from jpaged.executors import prompt_logprobs, sampling
 from jpaged.executors.base import PendingStep
-from jpaged.executors import prompt_logprobs
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
@@ -171,7 +169,7 @@ class JaxExecutor:
         if len(plan.swap_in_pairs):
             k_pool, v_pool = self._swap_in(k_pool, v_pool, plan.swap_in_pairs)
         if len(plan.copy_pairs):
-            size = pair_bucket(len(plan.copy_pairs))
+            size = padding.pair_bucket(len(plan.copy_pairs))
             self._programs.add(("copy_blocks", size))
             pairs = np.zeros((size, 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
@@ -254,7 +252,7 @@ class JaxExecutor:
         return slice(heads.start - self._first_head, heads.stop - self._first_head)
 
     def _swap_out(self, k_pool, v_pool, pairs: np.ndarray) -> None:
-        size = pair_bucket(len(pairs))
+        size = padding.pair_bucket(len(pairs))
         self._programs.add(("swap_out", size))
         device_ids = jnp.asarray(_padded(pairs[:, 0], size))
         n, host_ids = len(pairs), pairs[:, 1]
@@ -264,7 +262,7 @@ class JaxExecutor:
                 host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
-        size = pair_bucket(len(pairs))
+        size = padding.pair_bucket(len(pairs))
         self._programs.add(("swap_in", size))
         device_ids = jnp.asarray(_padded(pairs[:, 1], size))
         updated = []
