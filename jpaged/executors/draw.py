@@ -153,17 +153,22 @@ def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax
     rows that do not need it alone, so a row's token does not depend on what else its step asks."""
     rows, vocab = logits.shape
     random = temperature > 0
-    scaled = logits / jnp.where(random, temperature, 1.0)[:, None]
+
+    def scaled():
+        # Called inside each branch: XLA fuses the division into the branch's first pass instead of
+        # writing an [R, V] array before the branches.
+        return logits / jnp.where(random, temperature, 1.0)[:, None]
+
     small_k = random & (top_k > 0) & (top_k <= CANDIDATE_LIMIT)
     no_draw = (jnp.zeros(rows, jnp.int32), jnp.zeros(rows, bool))
     tokens, ok = jax.lax.cond(jnp.any(random & ~small_k),
-                              lambda: _full_vocabulary(scaled, top_k, top_p, min_p, keys, small_k | ~random),
+                              lambda: _full_vocabulary(scaled(), top_k, top_p, min_p, keys, small_k | ~random),
                               lambda: no_draw)
     # Candidate rows: the step's largest such k picks the lax.top_k width, 16 or the limit
     # (top_k(16) costs about half of top_k(64) on XLA:CPU); the draw is the same at either width.
     widest = jnp.max(jnp.where(small_k, top_k, 0))
     branches = [lambda: no_draw] + [
-        (lambda width: lambda: _candidates(scaled, top_k, top_p, min_p, keys, width))(min(width, vocab))
+        (lambda width: lambda: _candidates(scaled(), top_k, top_p, min_p, keys, width))(min(width, vocab))
         for width in CANDIDATE_WIDTHS]
     index = jnp.where(widest == 0, 0, jnp.where(widest <= CANDIDATE_WIDTHS[0], 1, 2))
     picked, picked_ok = jax.lax.switch(index, branches)

@@ -33,11 +33,10 @@ import numpy as np
 
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
-from jpaged.core.padding import pair_bucket
-from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
-from jpaged.executors import kv_sizing, sampling
+from jpaged.core import padding
+from jpaged.core.step_plan import ModelOutput, PromptLogprobs, SamplingBatch, StepPlan
+from jpaged.executors import kv_sizing, prompt_logprobs, sampling
 from jpaged.executors.base import PendingStep
-from jpaged.executors.prompt_logprobs import padded_rows, prompt_logprobs
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
@@ -135,6 +134,10 @@ class JaxExecutor:
         # The fixed widths of the sampler's per-row data: one sampler program per row count.
         self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
                                                       self.vocab_size)
+        # A step with prompt rows runs at the widest S of its T: one prompt variant per T.
+        max_blocks = -(-config.scheduler.max_model_len // cache.block_size)
+        self._prompt_step_seqs = prompt_logprobs.prompt_step_seqs(padding.prefill_shapes(
+            config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, max_blocks))
         # The sampler programs and (operation, padded size) block operations this executor has run:
         # their jitted functions are shared by every executor of the process, so their own trace
         # counts would mix engines.
@@ -181,13 +184,13 @@ class JaxExecutor:
         if len(plan.swap_in_pairs):
             k_pool, v_pool = self._swap_in(k_pool, v_pool, plan.swap_in_pairs)
         if len(plan.copy_pairs):
-            size = pair_bucket(len(plan.copy_pairs))
+            size = padding.pair_bucket(len(plan.copy_pairs))
             self._programs.add(("copy_blocks", size))
             pairs = np.zeros((size, 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
-        # f32[S, V], or [S + P', V] with prompt rows (after the S sampling rows); on device
+        # f32[S, V], or [S' + T, V] in the prompt variant (every token row after the S' sampling rows); on device
         logits = self.run_model(plan) if plan.num_seqs else None
         return PendingStep(plan, start, logits)
 
@@ -202,10 +205,8 @@ class JaxExecutor:
         plan, logits = pending.plan, pending.handle
         prompt_result = None
         if logits is not None and plan.prompt_rows is not None:
-            num_seqs = len(plan.context_lens)
-            self._programs.add(("prompt_logprobs", logits.shape[0], num_seqs))  # one per (S + P', S)
             # logits [S, V]: what the sampler sees, as without prompt rows
-            prompt_result, logits = prompt_logprobs(logits, num_seqs, plan.prompt_rows)
+            prompt_result, logits = self.prompt_logprobs(logits, plan)
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and batch is not None:
             sampled = self.sample(logits, batch)
@@ -219,10 +220,18 @@ class JaxExecutor:
 
     def run_model(self, plan: StepPlan) -> jax.Array:
         """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab] on
-        device, or f32[S + P', vocab] when the plan has prompt rows (their P' rows after the S)."""
-        step = self.runner.decode if plan.max_query_len == 1 else self.runner.prefill
-        prompt_rows = None if plan.prompt_rows is None else padded_rows(plan.prompt_rows)
-        logits, self.kv_pool = step(self.kv_pool, plan, prompt_rows)
+        device; a step with a prompt chunk and prompt rows runs the prompt variant, f32[S' + T, vocab]:
+        S padded to S' (the widest S of its T) and every token row's logits after them
+        (jpaged.executors.prompt_logprobs)."""
+        if plan.max_query_len == 1:  # (prompt rows of a decode-shaped step are among its S logits rows)
+            logits, self.kv_pool = self.runner.decode(self.kv_pool, plan)
+            return logits
+        prompt_rows = None
+        if plan.prompt_rows is not None:
+            num_tokens = len(plan.token_ids)
+            plan = prompt_logprobs.with_seqs(plan, self._prompt_step_seqs.get(num_tokens, len(plan.context_lens)))
+            prompt_rows = padding.arange(num_tokens)
+        logits, self.kv_pool = self.runner.prefill(self.kv_pool, plan, prompt_rows)
         return logits
 
     def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
@@ -230,16 +239,18 @@ class JaxExecutor:
         not run: compiling it (on any thread) is compiling what `run_model` of that shape runs."""
         return self.runner.lower(self.kv_pool, plan)
 
+    def prompt_logprobs(self, logits: jax.Array, plan: StepPlan) -> tuple[PromptLogprobs, jax.Array]:
+        """The prompt log-probabilities of `plan.prompt_rows` from the logits `run_model(plan)` gave,
+        and the logits [S, vocab] its sample rows read (jpaged.executors.prompt_logprobs)."""
+        self._count(prompt_logprobs.program_of(plan, len(logits)))
+        return prompt_logprobs.prompt_logprobs(logits, plan)
+
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
         sampler's. (More rows than S only where a fresh prompt fans out into n samples; each row's
         draw depends on its own settings alone, so splitting changes no token.)"""
         size = logits.shape[0]
-        program = ("SamplerProgram", *sampling.SamplerProgram(size))
-        if program not in self._programs and self.warmed_up:
-            # Outside the start-up grid (jpaged.executors.warmup): a row count no step shape has.
-            logger.warning("sampler program for %d rows compiles on first use", size)
-        self._programs.add(program)
+        self._count(sampling.SamplerProgram(size))
         results = [sampling.sample(logits, part, self.sampler_widths) for part in sampling.split_rows(batch, size)]
         if len(results) == 1:
             return results[0]
@@ -247,13 +258,21 @@ class JaxExecutor:
         return sampling.SampleResult(**{f: None if getattr(results[0], f) is None else
                                         np.concatenate([getattr(r, f) for r in results]) for f in fields})
 
+    def _count(self, program: sampling.SamplerProgram | prompt_logprobs.PromptLogprobsProgram) -> None:
+        """Counts a sampler or prompt log-probability program in `num_compilations`, with a warning
+        when it is new after the warm-up: outside the start-up grid (jpaged.executors.warmup)."""
+        key = (type(program).__name__, *program)
+        if key not in self._programs and self.warmed_up:
+            logger.warning("%s compiles on first use", program)
+        self._programs.add(key)
+
     def _local_heads(self, index: tuple[slice, ...]) -> slice:
         """This process's host-pool slice of the global head range `index[1]` of a shard."""
         heads = range(self.spec.num_kv_heads)[index[1]]
         return slice(heads.start - self._first_head, heads.stop - self._first_head)
 
     def _swap_out(self, k_pool, v_pool, pairs: np.ndarray) -> None:
-        size = pair_bucket(len(pairs))
+        size = padding.pair_bucket(len(pairs))
         self._programs.add(("swap_out", size))
         device_ids = jnp.asarray(_padded(pairs[:, 0], size))
         n, host_ids = len(pairs), pairs[:, 1]
@@ -263,7 +282,7 @@ class JaxExecutor:
                 host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
-        size = pair_bucket(len(pairs))
+        size = padding.pair_bucket(len(pairs))
         self._programs.add(("swap_in", size))
         device_ids = jnp.asarray(_padded(pairs[:, 1], size))
         updated = []

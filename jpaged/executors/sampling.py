@@ -64,9 +64,12 @@ def sampler_widths(max_model_len: int, max_num_seqs: int, vocab: int) -> Sampler
 def _fitting_widths(batch: SamplingBatch, vocab: int) -> SamplerWidths:
     """The narrowest widths that hold `batch` (a call without an engine's limits: tests, benchmarks)."""
     c = batch.controls
-    width = lambda a, least: least if c is None or a is None else max(least, a.shape[1])
-    return SamplerWidths(ControlWidths(width(c and c.history, 64), width(c and c.bias_ids, 8),
-                                       width(c and c.banned, 8)),
+
+    def width(name: str, least: int) -> int:
+        a = None if c is None else getattr(c, name)
+        return least if a is None else max(least, a.shape[1])
+
+    return SamplerWidths(ControlWidths(width("history", 64), width("bias_ids", 8), width("banned", 8)),
                          top_width(max(batch.num_top, 1), vocab))
 
 
@@ -122,19 +125,7 @@ def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(is_max, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
-def normaliser(logits):
-    """Row max and log normaliser f32[R, 1] of logits f32[R, V]: log_softmax's own arithmetic
-    ((x - max) - log sum exp(x - max)) is then applied only to the entries returned, with no
-    [R, V] row of log-probabilities written."""
-    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [R, 1]
-    return row_max, jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
-
-
-def _logprob_of(logits, tokens, row_max, log_norm):
-    return ((jnp.take_along_axis(logits, tokens[:, None], axis=-1) - row_max) - log_norm)[:, 0]
-
-
-def normaliser(logits):
+def normaliser(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Row max and log normaliser f32[S, 1] of logits f32[S, V]: log_softmax's own arithmetic
     ((x - max) - log sum exp(x - max)) is then applied only to the entries returned, with no
     [S, V] row of log-probabilities written. Every log-probability a step returns, and the
@@ -198,7 +189,8 @@ def _sample(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
     return (tokens, chosen, *_top(logits, row_max, log_norm, rows, ladder))
 
 
-_ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")
+# SamplingBatch's per-row arrays (split_rows slices them)
+_BATCH_ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")
 
 
 def _control_rows(controls: SamplingControls, start: int, stop: int) -> SamplingControls | None:
@@ -221,7 +213,7 @@ def split_rows(batch: SamplingBatch, size: int) -> list[SamplingBatch]:
         return [batch]
     return [dataclasses.replace(
         batch, controls=None if batch.controls is None else _control_rows(batch.controls, i, i + size),
-        **{f: None if getattr(batch, f) is None else getattr(batch, f)[i: i + size] for f in _ROW_FIELDS})
+        **{f: None if getattr(batch, f) is None else getattr(batch, f)[i: i + size] for f in _BATCH_ROW_FIELDS})
         for i in range(0, rows, size)]
 
 
@@ -249,7 +241,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, widths: SamplerWidths | None
         top_p=pad(batch.top_p, np.float32, 1.0), min_p=pad(0.0 if batch.min_p is None else batch.min_p, np.float32),
         seed=pad(batch.seed, np.uint32), stream=pad(batch.stream, np.int32), position=pad(batch.position, np.int32),
         top_branch=np.int32(ladder.index(top_width(k, vocab))),
-        controls=padded_controls(batch.controls, size, vocab, widths.controls))
+        controls=padded_controls(batch.controls, size, vocab, widths.controls, getattr(logits, "sharding", None)))
     tokens, chosen, top_ids, top_logprobs = _sample(logits, inputs, ladder=tuple(ladder))
     # (the top candidates come back only when asked: [R, K] stays on device otherwise)
     tokens, chosen, *top = jax.device_get((tokens, chosen, *((top_ids, top_logprobs) if k else ())))

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from jpaged.core.padding import bucket
 from jpaged.core.sequence import SamplingParams
 from jpaged.engine import EngineObserver, LLMEngine
 from jpaged.executors.jax import JaxExecutor
@@ -42,9 +41,13 @@ class _Plans(EngineObserver):
         plan = out.plan
         if plan.num_seqs == 0:
             return
-        rows = plan.prompt_rows
-        # The step compiles per padded shape, kind (decode or prefill) and bucket of prompt rows.
-        self.shapes.add((plan.padded_shape, plan.max_query_len == 1, None if rows is None else bucket(len(rows.token_rows))))
+        rows, decode = plan.prompt_rows, plan.max_query_len == 1
+        # The step compiles per padded shape and kind (decode or prefill); a prefill-shaped step with
+        # prompt rows runs its T's one prompt variant (a decode-shaped one reads its own logits rows).
+        if rows is None or decode:
+            self.shapes.add((plan.padded_shape, decode))
+        else:
+            self.shapes.add(("prompt variant", len(plan.token_ids)))
         if rows is not None:
             self.plans_with_rows += 1
             for group, first, count in rows.groups:

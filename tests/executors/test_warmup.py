@@ -1,7 +1,8 @@
 """The compile grid: after `compile_grid`, a mixed load (prompt lengths, n > 1, beams, logprobs of
-several widths, top_k, top_p, min_p, seeds, every sampling control alone and together: penalties,
-logit_bias, min_tokens and bad words, allowed tokens; swap preemption) compiles nothing: neither the
-engine's count nor JAX's own compile events move. The sampler is one program per row count."""
+several widths, prompt logprobs, top_k, top_p, min_p, seeds, every sampling control alone and
+together: penalties, logit_bias, min_tokens and bad words, allowed tokens; swap preemption) compiles
+nothing: neither the engine's count nor JAX's own compile events move. The sampler is one program
+per row count."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def backend_compiles():
         jax.monitoring.unregister_event_duration_listener(listen)
 
 
-def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], list[SamplingParams]]:
+def _mixed_requests(rng: random.Random, count: int, prompt_logprobs: bool = False
+                    ) -> tuple[list[list[int]], list[SamplingParams]]:
     prompts, params = [], []
     for i in range(count):
         prompts.append([rng.randrange(3, 256) for _ in range(rng.randrange(1, 40))])
@@ -63,6 +65,7 @@ def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], li
         # widths, and any mix of the controls: penalties, logit_bias, banned ids (min_tokens, bad
         # words), allowed tokens.
         controls = {}
+        extra = {"prompt_logprobs": rng.choice([None, 0, 3, 20])} if prompt_logprobs else {}
         for name, value in [("repetition_penalty", 1.2), ("frequency_penalty", 0.5), ("presence_penalty", -0.5),
                             ("logit_bias", {rng.randrange(256): rng.uniform(-5, 5) for _ in range(rng.randrange(1, 9))}),
                             ("min_tokens", 2), ("bad_words_token_ids", [[rng.randrange(256)], [7, 9]]),
@@ -73,7 +76,7 @@ def _mixed_requests(rng: random.Random, count: int) -> tuple[list[list[int]], li
             n=rng.choice([1, 1, 2, 3]), temperature=rng.choice([0.0, 0.8, 1.0]),
             top_k=rng.choice([0, 0, 5, 50, 100]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]),
             seed=rng.choice([None, i]), logprobs=rng.choice([None, 0, 1, 5, 20]), max_tokens=rng.randrange(3, 24),
-            ignore_eos=True, **controls))
+            ignore_eos=True, **controls, **extra))
     return prompts, params
 
 
@@ -87,15 +90,18 @@ def test_grid_covers_mixed_load_without_compiling():
     seq_sizes = {p.num_seqs for p in programs if isinstance(p, warmup.ModelStep)}
     assert sorted(p.num_rows for p in programs if isinstance(p, sampling.SamplerProgram)) == sorted(seq_sizes)
     warm = engine.kv_stats()["num_compilations"]
-    rng, used = random.Random(0), set()
+    rng, used, prompt_logprobs_seen = random.Random(0), set(), 0
     with backend_compiles() as compiles:
-        for _ in range(3):
-            prompts, params = _mixed_requests(rng, 12)
+        for load in range(4):  # the last with prompt logprobs (prompt chunks of every size, decode-shaped steps too)
+            prompts, params = _mixed_requests(rng, 12, prompt_logprobs=load == 3)
             outputs = engine.generate(prompts, params, use_tqdm=False)
             assert all(out.finished for out in outputs)
             used |= {name for p in params for name in active_controls(p)}
+            prompt_logprobs_seen += sum(out.prompt_logprobs is not None and len(out.prompt_token_ids) > 1
+                                        for out in outputs)
     assert used == {"repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
                     "min_p", "bad_words_token_ids", "allowed_token_ids"}
+    assert prompt_logprobs_seen  # (prompt rows in steps with a prompt chunk, with and without top candidates)
     stats = engine.kv_stats()
     assert stats["num_preemptions"] > 0  # the load did preempt (swap)
     assert stats["num_compilations"] == warm
