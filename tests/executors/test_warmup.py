@@ -165,20 +165,22 @@ def _start(cache: Path) -> dict:
 
 
 def test_restart_and_a_moved_cache_load_the_grid_from_the_disk_cache(tmp_path):
-    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every model step from
-    it and writes nothing; so does one started on a copy of the folder at another path (no key
-    holds the folder's path)."""
+    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every entry from it;
+    so does one started on a copy of the folder at another path (no key holds the folder's path)."""
     first = tmp_path / "first"
     runs = [_start(first), _start(first)]
     assert runs[0]["path"] == str(first / "jax") and runs[0]["writes"] >= runs[0]["model_steps"]
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= runs[1]["model_steps"] and runs[1]["writes"] == 0
-    entries = sorted(p.name for p in (first / "jax").iterdir())
+    # Every entry the first run wrote is loaded by the restart. (A program whose first compile took
+    # less than MIN_CACHED_COMPILE_S was not written; compiled again under load it may take longer
+    # and be written then: the restart's writes are those, never an entry that was there.)
+    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= max(runs[0]["writes"], runs[1]["model_steps"])
+    entries = {p.name for p in (first / "jax").iterdir()}
     moved = tmp_path / "elsewhere" / "moved"
     shutil.copytree(first, moved)
     shutil.rmtree(first)
     run = _start(moved)
-    assert run["hits"] == runs[1]["hits"] and run["writes"] == 0
-    assert sorted(p.name for p in (moved / "jax").iterdir()) == entries  # nothing new was written
+    assert run["hits"] >= runs[0]["writes"] + runs[1]["writes"]  # every entry hits at the new path
+    assert entries <= {p.name for p in (moved / "jax").iterdir()}
 
 
 def test_a_cache_jax_already_has_is_kept():
