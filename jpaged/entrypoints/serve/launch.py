@@ -89,6 +89,7 @@ def _serve(args: argparse.Namespace, engine_args: dict, exposure: Exposure) -> i
     except (ValueError, TypeError, OSError) as exc:
         print(f"jpaged serve: {exc}", file=sys.stderr)
         return 2
+    _raise_if_stopped()
     name = args.served_model_name or args.model
     # A multi-process run always warms up through its steps, which reach every process, which then
     # compile together before serving, so no collective waits on another process's compile
@@ -103,6 +104,7 @@ def _serve(args: argparse.Namespace, engine_args: dict, exposure: Exposure) -> i
              exposure.scheme, args.host, args.port,
              f"; {len(exposure.api_keys)} API key(s) required outside /health, /metrics, /version"
              if exposure.api_keys else "")
+    _raise_if_stopped()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                             access_log=not args.disable_access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
@@ -117,5 +119,19 @@ class _Stopped(BaseException):
     way (a failed load turned into an error message) takes it for a failure."""
 
 
+# The stop signal received during start-up, if any. Raising from the handler is not enough: a
+# signal that lands while the main thread runs a garbage-collection callback (jax registers one)
+# raises inside it, and Python ignores an exception from such a callback; so the signal is also
+# remembered and checked before serving starts (`_raise_if_stopped`).
+_stop_signal: list[str] = []
+
+
 def _stopped(signum, frame) -> None:
-    raise _Stopped(signal.Signals(signum).name)
+    _stop_signal.append(signal.Signals(signum).name)
+    raise _Stopped(_stop_signal[-1])
+
+
+def _raise_if_stopped() -> None:
+    """_Stopped if a stop signal came during start-up (one whose exception may have been swallowed)."""
+    if _stop_signal:
+        raise _Stopped(_stop_signal[-1])
