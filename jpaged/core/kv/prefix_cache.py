@@ -193,6 +193,23 @@ class PrefixCache:
                 self.policy.discard(block)
                 node.reused = True
 
+    def _root(self, salt: Hashable) -> Node:
+        """The root of `salt`'s tree, made on first use."""
+        node = self._roots.get(salt)
+        if node is None:
+            node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+        return node
+
+    def _add_child(self, node: Node, key: tuple[int, ...], block: int) -> Node:
+        """A new device node under `node` for `block`, holding the tokens `key`."""
+        child = Node(key, block, node, hash((node.digest, key)) if self._digests else 0)
+        node.children[key] = child
+        node.device_children += 1
+        self._node_of_block[block] = child
+        if self._digests:
+            self.policy.entered(child.digest)
+        return child
+
     def insert(self, keys: list[tuple[int, ...]], blocks: Iterable[int], salt: Hashable,
                resume: tuple[Node, int] | None = None) -> tuple[Node, int] | None:
         """Adds the full blocks of a sequence (`blocks[i]` holds the tokens `keys[i]`).
@@ -208,9 +225,7 @@ class PrefixCache:
         none is.
         """
         if resume is None:
-            node, done = self._roots.get(salt), 0
-            if node is None:
-                node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+            node, done = self._root(salt), 0
         else:
             node, done = resume
         for key, block in zip(keys, blocks):
@@ -218,12 +233,7 @@ class PrefixCache:
             if child is None:
                 if block in self._node_of_block:  # already cached under another prefix
                     break
-                child = Node(key, block, node, hash((node.digest, key)) if self._digests else 0)
-                node.children[key] = child
-                node.device_children += 1
-                self._node_of_block[block] = child
-                if self._digests:
-                    self.policy.entered(child.digest)
+                child = self._add_child(node, key, block)
             elif child.block != block or child.on_host:
                 # Same tokens, another physical copy: stop here. Below a node, every block a
                 # sequence references keeps its ancestors referenced too, so unreferenced
@@ -238,9 +248,7 @@ class PrefixCache:
         where it has them on the device; elsewhere `blocks[i]` (a resident sequence's block
         holding the tokens `keys[i]`, not in the tree) becomes the node's block: a new node, or a
         host node brought back without a copy (its host block is freed)."""
-        node = self._roots.get(salt)
-        if node is None:
-            node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+        node = self._root(salt)
         path = []
         for key, block in zip(keys, blocks):
             child = node.children.get(key)
@@ -248,12 +256,7 @@ class PrefixCache:
                 if block in self._node_of_block:
                     raise ValueError(f"adopt: block {block} is cached already under another prefix")
                 if child is None:
-                    child = Node(key, block, node, hash((node.digest, key)) if self._digests else 0)
-                    node.children[key] = child
-                    node.device_children += 1
-                    self._node_of_block[block] = child
-                    if self._digests:
-                        self.policy.entered(child.digest)
+                    child = self._add_child(node, key, block)
                 else:  # (device nodes sit above host nodes: its parent is on the device)
                     self.promote(self.host.detach([child.block]), [block])
             path.append(child.block)
@@ -264,9 +267,7 @@ class PrefixCache:
         """Keeps `block`, holding `tokens` (fewer than a block) after the full blocks `keys` of a
         pinned prefix, for prompts that continue past it (the caller holds its reference)."""
         nodes = self.path(keys, salt)
-        node = nodes[-1] if nodes else self._roots.get(salt)
-        if node is None:
-            node = self._roots[salt] = Node(None, -1, None, root_digest(salt) if self._digests else 0)
+        node = nodes[-1] if nodes else self._root(salt)
         if len(nodes) != len(keys) or any(n.on_host for n in nodes):
             raise ValueError("pin_tail: the pinned prefix's full blocks must be cached on the device")
         if node.tails is None:
