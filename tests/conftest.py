@@ -16,5 +16,9 @@ import tempfile
 # suite, the slow tier), so each reuses what the ones before it compiled.
 _CACHE = None if os.environ.get("JPAGED_TEST_XLA_CACHE") else tempfile.TemporaryDirectory(prefix="jpaged-test-xla-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("JPAGED_TEST_XLA_CACHE") or _CACHE.name
+# Engines that size their KV pool from free host memory take 256 MiB here, not the 4 GiB a user's
+# gets (jpaged.executors.kv_sizing): the suite builds many engines, and a few alive at once at
+# 4 GiB each exhausted this 24 GB machine. (Set before the tests' subprocesses inherit it.)
+os.environ.setdefault("JPAGED_CPU_KV_CACHE_BYTES", str(256 * 2**20))
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"

@@ -9,8 +9,8 @@
 `total` and `in_use` (`DeviceMemory`): on a device that reports memory stats (GPU), its
 bytes_limit and bytes_in_use with the weights loaded; on CPU, which reports none, the host's
 free memory (MemAvailable) at that moment and 0: the loaded weights are already out of it, so the
-same fraction applies to what is left, at most CPU_KV_CACHE_BYTES (vLLM's CPU backend default,
-VLLM_CPU_KVCACHE_SPACE = 4 GiB: a host shared with everything else is not a device the engine owns,
+same fraction applies to what is left, at most CPU_KV_CACHE_BYTES or $JPAGED_CPU_KV_CACHE_BYTES
+(vLLM's CPU backend default, VLLM_CPU_KVCACHE_SPACE = 4 GiB: a host shared with everything else is not a device the engine owns,
 and a pool of millions of small blocks costs start-up time for nothing). `activations`: the temporary memory of the largest step
 the config can run (max_num_batched_tokens tokens, the widest block table), from XLA's memory
 analysis of that compiled step (`ModelRunner.memory_analysis`), on every platform: JAX cannot
@@ -33,7 +33,22 @@ from jpaged.models.kv_pool import KVCacheSize, KVPool, num_blocks_for_budget
 from jpaged.models.runner import ModelRunner
 
 GIB = 2**30
-CPU_KV_CACHE_BYTES = 4 * GIB  # the most a pool sized from free host memory takes
+CPU_KV_CACHE_BYTES = 4 * GIB  # the most a pool sized from free host memory takes (default)
+CPU_KV_CACHE_ENV = "JPAGED_CPU_KV_CACHE_BYTES"  # overrides it (vLLM: VLLM_CPU_KVCACHE_SPACE)
+
+
+def cpu_kv_cache_cap() -> int:
+    """The most bytes a pool sized from free host memory takes: $JPAGED_CPU_KV_CACHE_BYTES, else 4 GiB."""
+    value = os.environ.get(CPU_KV_CACHE_ENV)
+    if value is None:
+        return CPU_KV_CACHE_BYTES
+    try:
+        cap = int(value)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"${CPU_KV_CACHE_ENV} must be a whole number of bytes >= 1, got {value!r}")
+    return cap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +81,7 @@ def device_memory() -> DeviceMemory:
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
         return DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)), f"{device.platform} memory")
-    return DeviceMemory(host_available_bytes(), 0, "free host memory", CPU_KV_CACHE_BYTES)
+    return DeviceMemory(host_available_bytes(), 0, "free host memory", cpu_kv_cache_cap())
 
 
 def largest_step(config: EngineConfig) -> warmup.ModelStep:

@@ -137,7 +137,17 @@ def test_cpu_memory_is_the_free_host_memory():
     memory = kv_sizing.device_memory()
     assert memory.where == "free host memory" and memory.in_use_bytes == 0
     assert abs(memory.total_bytes - kv_sizing.host_available_bytes()) < 2**30  # (other processes come and go)
-    assert memory.cap_bytes == kv_sizing.CPU_KV_CACHE_BYTES
+    assert memory.cap_bytes == kv_sizing.cpu_kv_cache_cap()
+
+
+def test_the_cpu_cap_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(kv_sizing.CPU_KV_CACHE_ENV, raising=False)
+    assert kv_sizing.cpu_kv_cache_cap() == kv_sizing.CPU_KV_CACHE_BYTES == 4 * 2**30
+    monkeypatch.setenv(kv_sizing.CPU_KV_CACHE_ENV, str(8 * MIB))
+    assert kv_sizing.cpu_kv_cache_cap() == 8 * MIB
+    monkeypatch.setenv(kv_sizing.CPU_KV_CACHE_ENV, "lots")
+    with pytest.raises(ValueError, match="JPAGED_CPU_KV_CACHE_BYTES.*'lots'"):
+        kv_sizing.cpu_kv_cache_cap()
 
 
 def test_a_budget_from_free_host_memory_is_capped():
