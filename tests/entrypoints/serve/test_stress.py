@@ -5,6 +5,7 @@ SIGTERM drain with a client that never reads (the module's last test: it stops t
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import threading
@@ -151,5 +152,8 @@ def test_sigterm_drains_then_aborts_frees_blocks_and_exits_0(stress_server):
     assert json.loads(short["events"][-2])["choices"][0]["finish_reason"] == "length"
     assert json.loads(long["events"][-2])["choices"][0]["finish_reason"] == "abort"
     assert short["events"][-1] == long["events"][-1] == "[DONE]"
-    assert "shutdown: 2 request(s) still open after 3.0 s: aborted" in log
+    # The drain aborts them at its deadline; on a loaded machine uvicorn's own graceful timeout (the
+    # deadline plus a grace) can end first, and the app's shutdown aborts them instead (seen once in
+    # a full suite run): either way the two open requests end with "abort" (checked above).
+    assert re.search(r"shutdown: 2 request\(s\) (still open after 3\.0 s: aborted|aborted at exit)", log), log
     assert "KV blocks in use: 0 of 255" in log
