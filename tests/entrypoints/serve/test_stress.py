@@ -127,8 +127,11 @@ def test_sigterm_drains_then_aborts_frees_blocks_and_exits_0(stress_server):
     url = stress_server.base_url
     short, long = {}, {}
     common = {"model": MODEL, "temperature": 0, "stream": True, "ignore_eos": True}
-    # Big chunks (8 samples x 20 log-probabilities per token) fill any socket buffer quickly.
-    stuck = _never_reading_client(url, {**common, "prompt": "def f(x):", "max_tokens": 200, "n": 8, "logprobs": 20,
+    # Big chunks (4 samples x 20 log-probabilities per token) fill any socket buffer quickly. The
+    # engine goes on generating for a client that does not read, so this one is as long as `long`:
+    # with 200 tokens it could end before the SIGTERM on a fast machine (seen in CI), leaving one
+    # open request, not two. 4 x 31 blocks + 31 + 1 fit the 255-block pool: no preemption.
+    stuck = _never_reading_client(url, {**common, "prompt": "def f(x):", "max_tokens": 480, "n": 4, "logprobs": 20,
                                         "temperature": 1.0})
     readers = [threading.Thread(target=_stream_times, args=(url, {**common, "prompt": "class A:", "max_tokens": 480},
                                                             long)),
