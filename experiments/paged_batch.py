@@ -39,11 +39,11 @@ def plan_from_contexts(contexts: Seq[Seq[int]], num_query: Seq[int], tables: Seq
                              f"<= table capacity ({len(table) * block_size})")
     total, longest, width = sum(num_query), max(num_query), max(len(t) for t in tables)
     if shape is None:
-        shape = (token_bucket(total, n, longest), bucket(n), bucket(width))
+        shape = (token_bucket(total), bucket(n), bucket(width))
     size_t, size_s, size_m = shape
-    if size_t < total or size_s < n or size_m < width or (longest == 1 and size_t != size_s):
+    if size_t < total or size_s < n or size_m < width:
         raise ValueError(f"shape: (T, S, M) = {shape} must hold {total} tokens, {n} sequences and {width} "
-                         f"blocks per sequence (and T == S for a decode-only step)")
+                         f"blocks per sequence")
     token_ids, positions, slot_mapping = np.zeros((3, size_t), np.int32)
     block_tables = np.zeros((size_s, size_m), np.int32)
     context_lens = np.zeros(size_s, np.int32)
@@ -87,7 +87,7 @@ def greedy_generate(runner: ModelRunner, kv_pool: KVPool, prompts: list[list[int
     `tables`). Returns the generated tokens and the updated (donated-through) pool.
     """
     bs, n = runner.block_size, len(prompts)
-    logits, kv_pool = runner.prefill(kv_pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables, bs))
+    logits, kv_pool = runner.step(kv_pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables, bs))
     contexts = [list(p) + [int(t)] for p, t in zip(prompts, np.asarray(logits)[:n].argmax(-1))]
     # Tables are allocated up front for the whole generation, so every decode step has one shape.
     for _ in range(max_new_tokens - 1):
@@ -95,7 +95,7 @@ def greedy_generate(runner: ModelRunner, kv_pool: KVPool, prompts: list[list[int
         if decode_tables is not None:
             read = plan_from_contexts(contexts, [1] * n, decode_tables, bs)
             plan = dataclasses.replace(plan, block_tables=read.block_tables)
-        logits, kv_pool = runner.decode(kv_pool, plan)
+        logits, kv_pool = runner.step(kv_pool, plan)
         for ctx, t in zip(contexts, np.asarray(logits)[:n].argmax(-1)):
             ctx.append(int(t))
     return [ctx[len(p):] for ctx, p in zip(contexts, prompts)], kv_pool

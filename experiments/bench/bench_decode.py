@@ -74,7 +74,7 @@ def bench_model(config: BenchDecodeConfig, name: str) -> dict:
     wall, cpu = [], []
     for step in tqdm(range(config.warmup_steps + config.steps + 1), desc=f"decode {name}", mininterval=2.0):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        logits, pool = runner.decode(pool, plan)
+        logits, pool = runner.step(pool, plan)
         logits.block_until_ready()
         if step > config.warmup_steps:  # step 0 compiles
             wall.append(time.perf_counter() - start_wall)

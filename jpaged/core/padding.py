@@ -1,12 +1,14 @@
 """The padding rule of step shapes: a few bucket sizes per dimension, so the jitted step compiles
 once per bucket and steady serving never recompiles.
 
-A decode-only step pads its sequence count S with `bucket` (T == S) and its block-table width M to
-the bucket of its longest table, never past the table's full width (max_model_len in blocks): the
-decode kernels' XLA path scans every column. A step with a prompt chunk pads T with `bucket` (at
-least 16), S to a power of two and M to the full width: every prefill kernel's work follows the
-context lengths, not M, so one width costs nothing and keeps the compiled grid small
-(`decode_shapes`, `prefill_shapes`: every (T, S, M) a config can produce). Pure Python + numpy.
+Every step is ragged: decodes and prompt chunks share one flat token batch, so the model step's
+only static size is its padded token count T (`token_bucket`, two sizes per doubling). The
+per-sequence arrays are padded to S = min(T, max_num_seqs) (a step's sequences each compute at
+least one token, so never more than T; never more than the engine runs) and the block tables to
+their full width M (max_model_len in blocks): `ragged_shape`, `ragged_shapes`. The kernels' work
+follows the context lengths and query ranges, not S or M. The scheduler's plan builders pad S and M
+less (decode cursors keep their tables at the bucket of the longest context, cheaper to edit);
+`StepPlan.to_ragged` brings a plan to the ragged shape of its T. Pure Python + numpy.
 """
 
 from __future__ import annotations
@@ -14,9 +16,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-
-MIN_PREFILL_TOKENS = 16  # the smallest padded token count of a step that runs a prompt chunk
-
 
 @functools.lru_cache(maxsize=4096)  # (called several times a step: a lookup beats the arithmetic)
 def bucket(n: int, minimum: int = 8) -> int:
@@ -29,21 +28,30 @@ def bucket(n: int, minimum: int = 8) -> int:
     return -(-n // step) * step
 
 
-def token_bucket(num_tokens: int, num_seqs: int, max_query_len: int) -> int:
-    """T: the padded token count of a step of `num_seqs` sequences computing `num_tokens` tokens,
-    the longest query `max_query_len` (1: a decode-only step, T == S)."""
-    return bucket(num_seqs) if max_query_len <= 1 else bucket(num_tokens, minimum=MIN_PREFILL_TOKENS)
+def token_bucket(num_tokens: int) -> int:
+    """T: the padded token count of a step computing `num_tokens` tokens, decodes and prompt chunks
+    alike."""
+    return bucket(num_tokens)
 
 
-def seq_bucket(num_seqs: int, max_query_len: int) -> int:
-    """S: the padded sequence count of a step of `num_seqs` sequences whose longest query is
-    `max_query_len` (1: a decode-only step, `bucket`; else a power of two, at least 8). Padded
-    sequences cost a row of the LM head each (empty query ranges): a power of two wastes at most
-    half of S in a step that also computes a chunk of at least 2 tokens, and halves the prefill
-    grid against `bucket`."""
-    if max_query_len <= 1:
-        return bucket(num_seqs)
+def seq_bucket(num_seqs: int) -> int:
+    """S of a plan builder's step of `num_seqs` sequences with a prompt chunk: a power of two, at
+    least 8 (`StepPlan.to_ragged` then brings it to the ragged S of the step's T)."""
     return max(8, 1 << (num_seqs - 1).bit_length())
+
+
+def ragged_shape(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> tuple[int, int, int]:
+    """(T, S, M) of the model step that runs a plan of `num_tokens` padded tokens: S = min(T,
+    max_num_seqs), M the full table width."""
+    return num_tokens, min(num_tokens, max_num_seqs), max_blocks_per_seq
+
+
+def ragged_shapes(max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int) -> list[tuple[int, int, int]]:
+    """Every (T, S, M) of a model step under these limits: one per token bucket from a single
+    decode to the step's token budget (decodes alone pad T to at least the bucket of their count,
+    at most max_num_seqs <= max_num_batched_tokens)."""
+    return [ragged_shape(size, max_num_seqs, max_blocks_per_seq)
+            for _, size in padded_sizes(token_bucket, 1, max_num_batched_tokens)]
 
 
 def table_width(num_blocks: int, max_blocks_per_seq: int) -> int:
@@ -51,15 +59,11 @@ def table_width(num_blocks: int, max_blocks_per_seq: int) -> int:
     return min(bucket(num_blocks), max_blocks_per_seq)
 
 
-def step_width(num_blocks: int, max_blocks_per_seq: int, max_query_len: int) -> int:
-    """M of any step: `table_width` for a decode-only step (max_query_len 1), the full width
-    `max_blocks_per_seq` for a step with a prompt chunk."""
-    return table_width(num_blocks, max_blocks_per_seq) if max_query_len <= 1 else max_blocks_per_seq
-
-
 def pair_bucket(num_pairs: int) -> int:
-    """The padded length of a block operation's pair array (copy, swap in, swap out)."""
-    return bucket(num_pairs, minimum=4)
+    """The padded length of a block operation's pair array (copy, swap in, swap out): a power of
+    two, at least 4. A padded pair copies block 0 onto itself, which costs next to nothing, so the
+    coarser buckets save programs, not time."""
+    return max(4, 1 << (num_pairs - 1).bit_length())
 
 
 def padded_sizes(pad, low: int, high: int) -> list[tuple[int, int]]:
@@ -71,24 +75,6 @@ def padded_sizes(pad, low: int, high: int) -> list[tuple[int, int]]:
         sizes.append((n, pad(n)))
         n = sizes[-1][1] + 1
     return sizes
-
-
-def decode_shapes(max_num_seqs: int, max_blocks_per_seq: int) -> list[tuple[int, int, int]]:
-    """Every padded (T, S, M) of a decode-only step: 1..max_num_seqs sequences, 1..max_blocks_per_seq
-    blocks in the longest table."""
-    seqs = padded_sizes(bucket, 1, max_num_seqs)
-    widths = padded_sizes(lambda b: table_width(b, max_blocks_per_seq), 1, max_blocks_per_seq)
-    return [(s, s, m) for _, s in seqs for _, m in widths]
-
-
-def prefill_shapes(max_num_seqs: int, max_num_batched_tokens: int,
-                   max_blocks_per_seq: int) -> list[tuple[int, int, int]]:
-    """Every padded (T, S, M) of a step with a prompt chunk: t tokens of n sequences, one of them
-    computing at least 2, so 2 <= t <= max_num_batched_tokens and 1 <= n <= min(max_num_seqs, t - 1)."""
-    tokens = padded_sizes(lambda t: token_bucket(t, 1, 2), 2, max_num_batched_tokens)
-    seqs = padded_sizes(lambda n: seq_bucket(n, 2), 1, min(max_num_seqs, max_num_batched_tokens - 1))
-    return [(size_t, size_s, max_blocks_per_seq) for first_n, size_s in seqs
-            for _, size_t in tokens if size_t >= token_bucket(first_n + 1, first_n, 2)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -105,5 +91,13 @@ def decode_ranges(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 def arange(n: int) -> np.ndarray:
     """i32[n] 0, 1, ..., n - 1 (read-only, shared)."""
     values = np.arange(n, dtype=np.int32)
+    values.flags.writeable = False
+    return values
+
+
+@functools.lru_cache(maxsize=32)
+def zeros(n: int) -> np.ndarray:
+    """i32[n] zeros (read-only, shared)."""
+    values = np.zeros(n, np.int32)
     values.flags.writeable = False
     return values

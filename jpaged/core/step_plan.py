@@ -26,7 +26,7 @@ from typing import Sequence as Seq
 
 import numpy as np
 
-from jpaged.core.padding import bucket
+from jpaged.core.padding import bucket, ragged_shape
 from jpaged.core.sampling_controls import SamplingControls, build_controls
 
 if TYPE_CHECKING:
@@ -176,6 +176,31 @@ class StepPlan:
     def padded_shape(self) -> tuple[int, int, int]:
         """(T, S, M): the bucketed shape the jitted step is compiled for."""
         return (len(self.token_ids), len(self.context_lens), self.block_tables.shape[1])
+
+    def to_ragged(self, max_num_seqs: int, max_blocks_per_seq: int) -> StepPlan:
+        """This plan at the ragged shape of its T (`padding.ragged_shape`): the per-sequence arrays
+        padded, or cut, to S = min(T, max_num_seqs) rows and the block tables widened to the full
+        width, so one model program serves every plan of T tokens. Rows cut are padding (a plan
+        never has more real sequences than tokens or than max_num_seqs); rows added are padding
+        sequences (no context, an empty query range at the end, logits row 0). `self` when it
+        already has that shape."""
+        num_tokens, num_seqs, width = ragged_shape(len(self.token_ids), max_num_seqs, max_blocks_per_seq)
+        if self.padded_shape == (num_tokens, num_seqs, width):
+            return self
+        if self.num_seqs > num_seqs or self.block_tables.shape[1] > width:
+            raise ValueError(f"plan of {self.num_seqs} sequences and {self.block_tables.shape[1]} table columns "
+                             f"does not fit the ragged shape (T={num_tokens}, S={num_seqs}, M={width})")
+        have = min(num_seqs, len(self.context_lens))
+        context_lens = np.zeros(num_seqs, np.int32)
+        context_lens[:have] = self.context_lens[:have]
+        query_start_loc = np.full(num_seqs + 1, self.query_start_loc[self.num_seqs], np.int32)
+        query_start_loc[: have + 1] = self.query_start_loc[: have + 1]
+        logits_indices = np.zeros(num_seqs, np.int32)
+        logits_indices[:have] = self.logits_indices[:have]
+        block_tables = np.zeros((num_seqs, width), np.int32)
+        block_tables[:have, : self.block_tables.shape[1]] = self.block_tables[:have]
+        return dataclasses.replace(self, context_lens=context_lens, query_start_loc=query_start_loc,
+                                   logits_indices=logits_indices, block_tables=block_tables)
 
     @property
     def has_block_ops(self) -> bool:

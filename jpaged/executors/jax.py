@@ -3,9 +3,10 @@
 The device pool is a `(k_pool, v_pool)` pair `[L, Hkv, N, Bs, D]`; the host pool (swap space and
 the prefix cache's host tier) has the same layout in host (numpy) memory. After the model step,
 the plan's sample rows are sampled on device (jpaged.executors.sampling): only token ids and
-log-probabilities come back to the host; a plan's prompt rows become prompt log-probabilities
-(jpaged.executors.prompt_logprobs). Block operations run in the order the scheduler relies on:
-copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out may
+log-probabilities come back to the host; a plan's prompt rows become prompt log-probabilities in
+the model step's own program (jpaged.executors.prompt_logprobs). Every plan runs at the ragged
+shape of its token count (`StepPlan.to_ragged`): one model program per token bucket. Block
+operations run in the order the scheduler relies on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out may
 reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to buckets so block operations do not recompile either. Every program a
@@ -34,13 +35,13 @@ import numpy as np
 from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
 from jpaged.core import padding
-from jpaged.core.step_plan import ModelOutput, PromptLogprobs, SamplingBatch, StepPlan
+from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors import kv_sizing, prompt_logprobs, sampling
 from jpaged.executors.base import PendingStep
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
 from jpaged.models.kv_pool import init_kv_pool, storage_dtype
-from jpaged.models.runner import ModelRunner
+from jpaged.models.runner import ModelRunner, PromptScores
 from pallas_kernels import cache_ops
 from pallas_kernels.backends import resolve_backend
 
@@ -134,10 +135,9 @@ class JaxExecutor:
         # The fixed widths of the sampler's per-row data: one sampler program per row count.
         self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
                                                       self.vocab_size)
-        # A step with prompt rows runs at the widest S of its T: one prompt variant per T.
-        max_blocks = -(-config.scheduler.max_model_len // cache.block_size)
-        self._prompt_step_seqs = prompt_logprobs.prompt_step_seqs(padding.prefill_shapes(
-            config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, max_blocks))
+        # Every plan runs at the ragged shape of its token count (jpaged.core.padding.ragged_shape).
+        self.max_num_seqs = config.scheduler.max_num_seqs
+        self.max_blocks_per_seq = -(-config.scheduler.max_model_len // cache.block_size)
         # The sampler programs and (operation, padded size) block operations this executor has run:
         # their jitted functions are shared by every executor of the process, so their own trace
         # counts would mix engines.
@@ -158,7 +158,7 @@ class JaxExecutor:
     @property
     def num_compilations(self) -> int:
         """Distinct programs run so far: model steps (one per padded shape, counted as traced),
-        sampler programs (one per row count), prompt log-probability shapes and block-operation sizes."""
+        sampler programs (one per row count) and block-operation sizes."""
         return self.runner.num_compilations + len(self._programs)
 
     def now(self) -> float:
@@ -190,9 +190,9 @@ class JaxExecutor:
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
-        # f32[S, V], or [S' + T, V] in the prompt variant (every token row after the S' sampling rows); on device
-        logits = self.run_model(plan) if plan.num_seqs else None
-        return PendingStep(plan, start, logits)
+        # (logits f32[S, V], prompt scores or None), on device
+        handle = self._run_model(plan) if plan.num_seqs else None
+        return PendingStep(plan, start, handle)
 
     def collect(self, pending: PendingStep) -> ModelOutput:
         """Samples the plan's rows (as they are now) on device and reduces its prompt rows to prompt
@@ -202,11 +202,9 @@ class JaxExecutor:
 
     def _finish(self, pending: PendingStep, batch: SamplingBatch | None) -> ModelOutput:
         """`collect` with the sample rows' arrays already built (`batch`, None when nobody samples)."""
-        plan, logits = pending.plan, pending.handle
-        prompt_result = None
-        if logits is not None and plan.prompt_rows is not None:
-            # logits [S, V]: what the sampler sees, as without prompt rows
-            prompt_result, logits = self.prompt_logprobs(logits, plan)
+        plan = pending.plan
+        logits, scores = pending.handle or (None, None)
+        prompt_result = None if scores is None else prompt_logprobs.picked(scores, plan.prompt_rows)
         output = ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=0.0)
         if logits is not None and batch is not None:
             sampled = self.sample(logits, batch)
@@ -219,31 +217,25 @@ class JaxExecutor:
         return output
 
     def run_model(self, plan: StepPlan) -> jax.Array:
-        """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab] on
-        device; a step with a prompt chunk and prompt rows runs the prompt variant, f32[S' + T, vocab]:
-        S padded to S' (the widest S of its T) and every token row's logits after them
-        (jpaged.executors.prompt_logprobs)."""
-        if plan.max_query_len == 1:  # (prompt rows of a decode-shaped step are among its S logits rows)
-            logits, self.kv_pool = self.runner.decode(self.kv_pool, plan)
-            return logits
-        prompt_rows = None
-        if plan.prompt_rows is not None:
-            num_tokens = len(plan.token_ids)
-            plan = prompt_logprobs.with_seqs(plan, self._prompt_step_seqs.get(num_tokens, len(plan.context_lens)))
-            prompt_rows = padding.arange(num_tokens)
-        logits, self.kv_pool = self.runner.prefill(self.kv_pool, plan, prompt_rows)
-        return logits
+        """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab]
+        on device, S the ragged S of the plan's T."""
+        return self._run_model(plan)[0]
+
+    def _run_model(self, plan: StepPlan) -> tuple[jax.Array, PromptScores | None]:
+        """`run_model`, with the prompt scores of `plan.prompt_rows` (on device) when it has some."""
+        plan = plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq)
+        if plan.prompt_rows is None:
+            logits, self.kv_pool = self.runner.step(self.kv_pool, plan)
+            return logits, None
+        targets = prompt_logprobs.targets(plan.prompt_rows, len(plan.token_ids))
+        logits, scores, self.kv_pool = self.runner.step_with_prompt_scores(self.kv_pool, plan, targets,
+                                                                           plan.prompt_rows.num_top > 0)
+        return logits, scores
 
     def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
-        """The model step of `plan`'s shape (without prompt rows) on the pool, traced and lowered but
-        not run: compiling it (on any thread) is compiling what `run_model` of that shape runs."""
-        return self.runner.lower(self.kv_pool, plan)
-
-    def prompt_logprobs(self, logits: jax.Array, plan: StepPlan) -> tuple[PromptLogprobs, jax.Array]:
-        """The prompt log-probabilities of `plan.prompt_rows` from the logits `run_model(plan)` gave,
-        and the logits [S, vocab] its sample rows read (jpaged.executors.prompt_logprobs)."""
-        self._count(prompt_logprobs.program_of(plan, len(logits)))
-        return prompt_logprobs.prompt_logprobs(logits, plan)
+        """The model step of `plan`'s ragged shape on the pool, traced and lowered but not run:
+        compiling it (on any thread) is compiling what `run_model` of that shape runs."""
+        return self.runner.lower(self.kv_pool, plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
@@ -258,8 +250,8 @@ class JaxExecutor:
         return sampling.SampleResult(**{f: None if getattr(results[0], f) is None else
                                         np.concatenate([getattr(r, f) for r in results]) for f in fields})
 
-    def _count(self, program: sampling.SamplerProgram | prompt_logprobs.PromptLogprobsProgram) -> None:
-        """Counts a sampler or prompt log-probability program in `num_compilations`, with a warning
+    def _count(self, program: sampling.SamplerProgram) -> None:
+        """Counts a sampler program in `num_compilations`, with a warning
         when it is new after the warm-up: outside the start-up grid (jpaged.executors.warmup)."""
         key = (type(program).__name__, *program)
         if key not in self._programs and self.warmed_up:

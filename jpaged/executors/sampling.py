@@ -38,6 +38,7 @@ from jpaged.core.sequence import MAX_BANNED_IDS, MAX_LOGIT_BIAS_IDS, MAX_LOGPROB
 from jpaged.core.step_plan import SamplingBatch
 from jpaged.executors.draw import draw, row_keys
 from jpaged.executors.logits_controls import ControlWidths, DeviceControls, any_control, apply_controls, padded_controls
+from jpaged.models.logprobs import normaliser
 
 
 class SamplerProgram(NamedTuple):
@@ -123,15 +124,6 @@ def greedy_tokens(logits: jax.Array, row_max: jax.Array) -> jax.Array:
     vocab = logits.shape[-1]
     is_max = (logits == row_max) | jnp.isnan(logits)  # a NaN row max is NaN: its first NaN wins
     return jnp.min(jnp.where(is_max, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
-
-
-def normaliser(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Row max and log normaliser f32[S, 1] of logits f32[S, V]: log_softmax's own arithmetic
-    ((x - max) - log sum exp(x - max)) is then applied only to the entries returned, with no
-    [S, V] row of log-probabilities written. Every log-probability a step returns, and the
-    prompt log-probabilities (jpaged.executors.prompt_logprobs), uses it."""
-    row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [S, 1]
-    return row_max, jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))
 
 
 def _choose(logits, row_max, rows: SamplerRows):

@@ -3,16 +3,12 @@
 `grid(config)` lists the programs the engine can produce under `config`, derived from the
 padding rules the scheduler and executor use (jpaged.core.padding) and the config's limits:
 
-- model steps: decode (T == S, M bucketed to the longest table) and steps with a prompt chunk
-  (T, S a power of two, M the full width), every padded shape the token, sequence and block budgets
-  allow (`padding.decode_shapes`, `padding.prefill_shapes`);
-- the model step's prompt variant (logits at every token row too, for prompt log-probabilities),
-  one per padded token count T of a step with a prompt chunk, at the widest S of that T;
+- model steps: one per padded token count T, at the ragged shape of T (S = min(T, max_num_seqs),
+  M the full table width: `padding.ragged_shapes`), from a single decode to the token budget;
+  each also computes prompt log-probabilities, behind a `lax.cond` (jpaged.models.runner);
 - the sampler (jpaged.executors.sampling): ONE program per step's S (`SamplerProgram`), which
   serves every draw mode, control, combination of controls and top-candidate width, the work a
   step does not need skipped at run time;
-- prompt log-probabilities (jpaged.executors.prompt_logprobs): one program per prompt variant and
-  one per decode S (`PromptLogprobsProgram`);
 - block operations: copy-on-write pair arrays (at most one copy per running sequence a step) and,
   under swap preemption with a host pool, swap-out and swap-in pair arrays.
 
@@ -41,8 +37,7 @@ from tqdm.auto import tqdm
 
 from jpaged.config import EngineConfig
 from jpaged.core import padding
-from jpaged.core.step_plan import ModelOutput, PromptLogprobs, PromptRows, SamplingBatch, StepPlan
-from jpaged.executors.prompt_logprobs import PromptLogprobsProgram, prompt_step_seqs
+from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors.sampling import SampleResult, SamplerProgram
 
 
@@ -56,13 +51,11 @@ MIN_CACHED_COMPILE_S = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class ModelStep:
-    """One padded shape of the jitted model step."""
+    """One padded shape of the jitted model step: the ragged shape of its T."""
 
-    kind: str  # "decode" (one token per sequence, T == S) or "prefill" (a step with a prompt chunk)
     num_tokens: int  # T
-    num_seqs: int  # S
-    table_width: int  # M
-    prompt_variant: bool = False  # logits at every token row too, after the S rows (prompt log-probabilities)
+    num_seqs: int  # S = min(T, max_num_seqs)
+    table_width: int  # M: the full width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,28 +66,15 @@ class BlockOp:
     num_pairs: int
 
 
-Program = ModelStep | SamplerProgram | PromptLogprobsProgram | BlockOp
+Program = ModelStep | SamplerProgram | BlockOp
 
 
 def model_steps(config: EngineConfig) -> list[ModelStep]:
-    """Every padded model-step shape the scheduler can build under `config`, then the prompt
-    variants the executor runs steps with prompt rows at (jpaged.executors.prompt_logprobs)."""
-    sched, cache = config.scheduler, config.cache
-    max_blocks = -(-sched.max_model_len // cache.block_size)  # the block table's full width
-    decode = padding.decode_shapes(sched.max_num_seqs, max_blocks)
-    prefill = padding.prefill_shapes(sched.max_num_seqs, sched.max_num_batched_tokens, max_blocks)
-    prompt = [ModelStep("prefill", num_tokens, num_seqs, max_blocks, prompt_variant=True)
-              for num_tokens, num_seqs in sorted(prompt_step_seqs(prefill).items())]
-    return [ModelStep("decode", *shape) for shape in decode] + [ModelStep("prefill", *shape) for shape in prefill] + prompt
-
-
-def prompt_programs(steps: list[ModelStep]) -> list[PromptLogprobsProgram]:
-    """The prompt log-probabilities' programs for `steps`: one per prompt variant (its S + T logits
-    rows, T read, S sliced off for the sampler) and one per decode S (its S rows, read in place)."""
-    decode_seqs = sorted({step.num_seqs for step in steps if step.kind == "decode"})
-    return ([PromptLogprobsProgram(step.num_seqs + step.num_tokens, step.num_tokens, step.num_seqs)
-             for step in steps if step.prompt_variant]
-            + [PromptLogprobsProgram(size, size, 0) for size in decode_seqs])
+    """Every model-step shape the scheduler's plans run at under `config`: one per token bucket."""
+    sched = config.scheduler
+    max_blocks = -(-sched.max_model_len // config.cache.block_size)  # the block table's full width
+    return [ModelStep(*shape) for shape in padding.ragged_shapes(sched.max_num_seqs, sched.max_num_batched_tokens,
+                                                                 max_blocks)]
 
 
 def sampler_programs(seq_sizes: list[int]) -> list[SamplerProgram]:
@@ -124,35 +104,19 @@ def block_ops(config: EngineConfig) -> list[BlockOp]:
 
 def grid(config: EngineConfig) -> list[Program]:
     """Every program the engine can run under `config`, in compile order: model steps, the sampler
-    (which samples the logits of a step of its S), prompt log-probabilities, block operations."""
+    (which samples the logits of a step of its S), block operations."""
     steps = model_steps(config)
     seq_sizes = sorted({step.num_seqs for step in steps})
-    return [*steps, *sampler_programs(seq_sizes), *prompt_programs(steps), *block_ops(config)]
-
-
-# One padding prompt row: runs a plan's prompt variant and its prompt log-probabilities (top candidates too)
-_PADDING_PROMPT_ROWS = PromptRows(token_rows=np.zeros(1, np.int32), targets=np.zeros(1, np.int32), num_top=1,
-                                  groups=[])
+    return [*steps, *sampler_programs(seq_sizes), *block_ops(config)]
 
 
 def padding_plan(step: ModelStep) -> StepPlan:
     """A plan of `step`'s shape in which every row is padding: tokens write to block 0, no
     sequence has context."""
     tokens, seqs = np.zeros(step.num_tokens, np.int32), np.zeros(step.num_seqs, np.int32)
-    return StepPlan(num_seqs=0, num_tokens=0, max_query_len=1 if step.kind == "decode" else 2, token_ids=tokens,
-                    positions=tokens, slot_mapping=tokens, query_start_loc=np.zeros(step.num_seqs + 1, np.int32),
-                    context_lens=seqs, block_tables=np.zeros((step.num_seqs, step.table_width), np.int32),
-                    logits_indices=seqs, prompt_rows=_PADDING_PROMPT_ROWS if step.prompt_variant else None)
-
-
-def _prompt_plan(program: PromptLogprobsProgram) -> StepPlan:
-    """A padding plan whose prompt rows `program` reads: the prompt variant's (T tokens, a chunk)
-    or a decode step's (S tokens, one each)."""
-    if program.num_sampled:
-        step = ModelStep("prefill", program.num_prompt_rows, program.num_sampled, 1, prompt_variant=True)
-    else:
-        step = ModelStep("decode", program.num_prompt_rows, program.num_prompt_rows, 1)
-    return dataclasses.replace(padding_plan(step), prompt_rows=_PADDING_PROMPT_ROWS)
+    return StepPlan(num_seqs=0, num_tokens=0, max_query_len=1, token_ids=tokens, positions=tokens, slot_mapping=tokens,
+                    query_start_loc=np.zeros(step.num_seqs + 1, np.int32), context_lens=seqs,
+                    block_tables=np.zeros((step.num_seqs, step.table_width), np.int32), logits_indices=seqs)
 
 
 def _block_plan(op: BlockOp) -> StepPlan:
@@ -180,9 +144,6 @@ class CompilingExecutor(Protocol):
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         """The sampler on `logits`."""
 
-    def prompt_logprobs(self, logits: jax.Array, plan: StepPlan) -> tuple[PromptLogprobs, jax.Array]:
-        """The prompt log-probabilities of `plan`'s prompt rows from its step's logits."""
-
     def execute(self, plan: StepPlan) -> ModelOutput:
         """A whole step (block operations only, here)."""
 
@@ -208,7 +169,6 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
     programs = grid(config)
     steps = [p for p in programs if isinstance(p, ModelStep)]
     samplers = [p for p in programs if isinstance(p, SamplerProgram)]
-    prompts = [p for p in programs if isinstance(p, PromptLogprobsProgram)]
     ops = [p for p in programs if isinstance(p, BlockOp)]
     workers = workers or os.cpu_count() or 1
     start, cpu = time.perf_counter(), time.process_time()
@@ -238,33 +198,22 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
 
     with ThreadPoolExecutor(workers, thread_name_prefix="jpaged-compile") as pool:
         try:
-            # Model steps are lowered here and compiled on the pool while the next one lowers (a
-            # prompt variant, which `lower_model` does not take, compiles as it first runs).
+            # Model steps are lowered here and compiled on the pool while the next one lowers.
             compiling = []
             for step in steps:
                 check_stop()
-                compiling.append(None if step.prompt_variant
-                                 else submit(step, executor.lower_model(padding_plan(step)).compile))
-            logits: dict[int, jax.Array] = {}  # the logits of a step that gave that many rows
+                compiling.append(submit(step, executor.lower_model(padding_plan(step)).compile))
             sampled: dict[int, Future] = {}  # S -> its sampler program, run on the logits of a step of S
             for step, future in zip(steps, compiling):
                 check_stop()
-                if future is not None:
-                    future.result()
-                out = executor.run_model(padding_plan(step))  # f32[S, V] (a prompt variant: [S' + T, V])
-                if future is None:
-                    compiled(step)
-                logits[len(out)] = out
-                if not step.prompt_variant and step.num_seqs not in sampled:
+                future.result()
+                out = executor.run_model(padding_plan(step))  # f32[S, V]
+                if step.num_seqs not in sampled:
                     sampled[step.num_seqs] = submit(SamplerProgram(step.num_seqs), executor.sample, out,
                                                     _greedy_rows(1))
             for program in samplers:
                 check_stop()
                 sampled[program.num_rows].result()
-            for program in prompts:
-                check_stop()
-                executor.prompt_logprobs(logits[program.num_logits_rows], _prompt_plan(program))
-                compiled(program)
             for op in ops:
                 check_stop()
                 executor.execute(_block_plan(op))
@@ -285,12 +234,9 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
 
 def _describe(program: Program) -> str:
     if isinstance(program, ModelStep):
-        variant = " prompt rows" if program.prompt_variant else ""
-        return f"{program.kind} T={program.num_tokens} S={program.num_seqs} M={program.table_width}{variant}"
+        return f"step T={program.num_tokens} S={program.num_seqs} M={program.table_width}"
     if isinstance(program, SamplerProgram):
         return f"sample S={program.num_rows}"
-    if isinstance(program, PromptLogprobsProgram):
-        return f"prompt logprobs N={program.num_logits_rows} P={program.num_prompt_rows}"
     return f"{program.op} {program.num_pairs}"
 
 

@@ -7,13 +7,17 @@ build them with `experiments.paged_batch.plan_from_contexts`.
 The step is a pure function of the model's Flax state (`params`, a pure dict; the module is
 rebuilt with `nnx.merge` while tracing) and of the pool, which goes in donated and comes back.
 
-Two entries, one per plan shape: `prefill` (any number of query tokens per sequence, the last ones
-of its context) and `decode` (exactly one token per sequence). Both donate the KV pool, write each
-layer's new K/V through the kernels' `write_kv`, and attend through the paged kernels (Pallas) or
-their XLA paths, all indexing layer i of the stacked pool in place: a step moves only the slots it
-writes, never a copy of the pool (tests/models/test_runner_in_place.py). Each distinct padded
-shape compiles once; `num_compilations` counts traces so the engine can show that steady-state
-serving does not recompile.
+One jitted step serves every plan: decodes and prompt chunks in one flat token batch, per-sequence
+query ranges, context lengths and block tables as data (a ragged step), attended through the paged
+prefill kernels (Pallas, native CPU or XLA; a decode is a query range of one token). It donates
+the KV pool, writes each layer's new K/V through the kernels' `write_kv` and attends, indexing
+layer i of the stacked pool in place: a step moves only the slots it writes, never a copy of the
+pool (tests/models/test_runner_in_place.py). The LM head runs at the S rows `logits_indices`
+names; a step asked for prompt scores also runs it at every token row, inside the same program
+behind a `lax.cond` (`step_with_prompt_scores`), so prompt log-probabilities need no program of
+their own. Each distinct padded shape compiles once (the executor brings every plan of T tokens
+to one shape, `StepPlan.to_ragged`); `num_compilations` counts traces so the engine can show that
+steady-state serving does not recompile.
 """
 
 from __future__ import annotations
@@ -29,19 +33,16 @@ from jax.sharding import Mesh
 
 from jpaged.config.presets import ModelSpec
 from jpaged.core.step_plan import StepPlan
-from jpaged.models import decoder, layers, packed, parallel
+from jpaged.core import padding
+from jpaged.core.sequence import MAX_LOGPROBS
+from jpaged.models import decoder, layers, logprobs, packed, parallel
 from jpaged.models.kv_pool import KVPool
-from pallas_kernels import cache_ops, paged_attention, paged_prefill
+from pallas_kernels import cache_ops, paged_prefill
 from pallas_kernels.backends import resolve_backend
 
 
-def _without_query_ranges(decode_attn: Callable) -> Callable:
-    """Gives decode attention the prefill signature; one query per sequence needs no query ranges."""
-
-    def attend(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer):
-        return decode_attn(q, k_pages, v_pages, block_tables, context_lens, layer)
-
-    return attend
+# A step's prompt scores (`ModelRunner.step_with_prompt_scores`): f32[T], i32[T], i32[T, K], f32[T, K].
+PromptScores = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
 
 
 def _write_and_attend(attend_fn: Callable, q, k, v, k_pool, v_pool, slot_mapping, block_tables, context_lens,
@@ -57,7 +58,7 @@ def _write_and_attend(attend_fn: Callable, q, k, v, k_pool, v_pool, slot_mapping
 
 
 class ModelRunner:
-    """Runs a decoder over a paged KV pool; `prefill` and `decode` are jitted pure functions."""
+    """Runs a decoder over a paged KV pool: `step` is one jitted pure function for every plan."""
 
     def __init__(self, spec: ModelSpec, params: decoder.Params | nnx.State | nnx.Module, *, block_size: int,
                  attention_backend: str = "auto", interpret: bool | None = None, mesh: Mesh | None = None,
@@ -103,48 +104,49 @@ class ModelRunner:
         self.num_compilations = 0
         scale = layers.softmax_scale(spec)
         interpret = jax.default_backend() != "gpu" if interpret is None else interpret
-        decode_attn = functools.partial(paged_attention.select_impl(self.backend, interpret=interpret), scale=scale)
-        prefill_attn = functools.partial(paged_prefill.select_impl(self.backend, interpret=interpret), scale=scale)
+        attn = functools.partial(paged_prefill.select_impl(self.backend, interpret=interpret), scale=scale)
+        self.num_top = min(MAX_LOGPROBS, spec.vocab_size)  # K: the prompt scores' top candidates
         jit_kwargs: dict[str, Any] = {"donate_argnums": (1,)}
+        attend = functools.partial(_write_and_attend, attn)
         if mesh is not None:
             # The pool keeps its head sharding so the donated buffers are reused in place.
             pools = parallel.pool_sharding(mesh)
-            jit_kwargs["out_shardings"] = (parallel.replicated(mesh), (pools, pools))
-        steps = []
-        for attn in (_without_query_ranges(decode_attn), prefill_attn):
-            attend = functools.partial(_write_and_attend, attn)
-            if mesh is not None:
-                attend = parallel.per_head_shards(mesh, attend, num_replicated=5)
-            steps.append(jax.jit(functools.partial(self._step, attend), **jit_kwargs))
-        self._decode, self._prefill = steps
+            jit_kwargs["out_shardings"] = (parallel.replicated(mesh), parallel.replicated(mesh), (pools, pools))
+            attend = parallel.per_head_shards(mesh, attend, num_replicated=5)
+        self._step_fn = jax.jit(functools.partial(self._step, attend), **jit_kwargs)
 
-    def prefill(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None = None
-                ) -> tuple[jax.Array, KVPool]:
-        """Prefill-shaped step: returns (float32 logits [S, vocab] at `logits_indices`, updated pool).
+    def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
+        """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
+        pool passed in is donated: use only the returned one."""
+        logits, _, kv_pool = self._run(kv_pool, plan, None, False)
+        return logits, kv_pool
 
-        `prompt_rows` i32[P] (prompt log-probabilities): logits also at these token rows, after the
-        S rows: [S + P, vocab]. Without it the step is the one every other batch runs (no new
-        compile). The pool passed in is donated: use only the returned one.
-        """
-        arrays = self._checked(kv_pool, plan, prompt_rows)
-        return self._prefill(self.params, kv_pool, **arrays)
+    def step_with_prompt_scores(self, kv_pool: KVPool, plan: StepPlan, targets: np.ndarray, want_top: bool
+                                ) -> tuple[jax.Array, PromptScores, KVPool]:
+        """`step`, and at every token row t the scores of the token it predicts, `targets[t]`
+        (i32[T]): (log-probability f32[T], rank i32[T], the K most likely ids i32[T, K] and their
+        log-probabilities f32[T, K], zeros unless `want_top`), on device, by the same program
+        (jpaged.models.logprobs.prompt_scores)."""
+        return self._run(kv_pool, plan, targets, want_top)
 
-    def decode(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None = None
-               ) -> tuple[jax.Array, KVPool]:
-        """Decode-shaped step (one token per sequence, T == S): (logits [S (+ P), vocab], updated pool)."""
-        arrays = self._checked(kv_pool, plan, prompt_rows)
-        num_tokens, num_seqs = len(arrays["token_ids"]), len(arrays["context_lens"])
-        if num_tokens != num_seqs:
-            raise ValueError(f"token_ids: a decode plan has one token per sequence, got T={num_tokens}, "
-                             f"S={num_seqs}")
-        return self._decode(self.params, kv_pool, **arrays)
+    def _run(self, kv_pool: KVPool, plan: StepPlan, targets: np.ndarray | None, want_top: bool):
+        arrays = self._checked(kv_pool, plan)
+        num_tokens = len(arrays["token_ids"])
+        if targets is None:
+            targets, want_prompt = padding.zeros(num_tokens), False
+        elif targets.dtype != np.int32 or targets.shape != (num_tokens,):
+            raise ValueError(f"targets: expected int32 [T={num_tokens}], got {targets.dtype} {list(targets.shape)}")
+        else:
+            want_prompt = True
+        return self._step_fn(self.params, kv_pool, targets, np.bool_(want_prompt), np.bool_(want_top), **arrays)
 
     def lower(self, kv_pool: KVPool, plan: StepPlan) -> jax.stages.Lowered:
         """The step of `plan`'s shape over `kv_pool`, traced and lowered, not compiled and not run
-        (counted in `num_compilations`). Its `compile()` is the program a later `prefill` /
-        `decode` of that shape runs: jit keeps both, so that call neither traces nor compiles."""
-        step = self._decode if plan.max_query_len == 1 else self._prefill
-        return step.lower(self.params, kv_pool, **self._checked(kv_pool, plan, None))
+        (counted in `num_compilations`). Its `compile()` is the program a later `step` of that
+        shape runs: jit keeps both, so that call neither traces nor compiles."""
+        num_tokens = len(plan.token_ids)
+        return self._step_fn.lower(self.params, kv_pool, padding.zeros(num_tokens), np.bool_(False), np.bool_(False),
+                                   **self._checked(kv_pool, plan))
 
     def memory_analysis(self, kv_pool: KVPool, plan: StepPlan) -> Any:
         """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
@@ -157,7 +159,7 @@ class ModelRunner:
             # A profile over a pool of another size: no program the engine runs.
             self.num_compilations = traced
 
-    def _checked(self, kv_pool: KVPool, plan: StepPlan, prompt_rows: np.ndarray | None) -> dict[str, np.ndarray]:
+    def _checked(self, kv_pool: KVPool, plan: StepPlan) -> dict[str, np.ndarray]:
         spec = self.spec
         expected = (spec.num_layers, spec.num_kv_heads, None, self.block_size, spec.head_dim)
         for name, pool in zip(("k_pool", "v_pool"), kv_pool):
@@ -177,16 +179,12 @@ class ModelRunner:
                 raise ValueError(f"{name}: expected {list(shape)}, got {list(arrays[name].shape)}")
         if arrays["block_tables"].ndim != 2 or arrays["block_tables"].shape[0] != num_seqs:
             raise ValueError(f"block_tables: expected [S={num_seqs}, M], got {list(arrays['block_tables'].shape)}")
-        if prompt_rows is not None:
-            if prompt_rows.dtype != np.int32 or prompt_rows.ndim != 1:
-                raise ValueError(f"prompt_rows: expected int32 [P], got {prompt_rows.dtype} {list(prompt_rows.shape)}")
-            arrays = {**arrays, "prompt_rows": prompt_rows}
         return arrays
 
-    def _step(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
-              positions: jax.Array, slot_mapping: jax.Array, block_tables: jax.Array,
-              context_lens: jax.Array, query_start_loc: jax.Array, logits_indices: jax.Array,
-              prompt_rows: jax.Array | None = None):
+    def _step(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, targets: jax.Array,
+              want_prompt: jax.Array, want_top: jax.Array, token_ids: jax.Array, positions: jax.Array,
+              slot_mapping: jax.Array, block_tables: jax.Array, context_lens: jax.Array,
+              query_start_loc: jax.Array, logits_indices: jax.Array):
         # Runs only while tracing: counts compilations, one per distinct padded shape.
         self.num_compilations += 1
         spec = self.spec
@@ -204,7 +202,12 @@ class ModelRunner:
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
-        # The LM head runs only on each sequence's last token: [S, H] -> [S, V]; with prompt rows
-        # (prompt log-probabilities) on those too: [S + P, H] -> [S + P, V].
-        rows = logits_indices if prompt_rows is None else jnp.concatenate([logits_indices, prompt_rows])
-        return model.logits(h[rows], head), kv_pool
+        # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
+        logits = model.logits(h[logits_indices], head)
+
+        def scores():  # every token row's logits [T, V], reduced on device
+            return logprobs.prompt_scores(model.logits(h, head), targets, want_top, self.num_top)
+
+        shapes = jax.eval_shape(scores)
+        prompt = jax.lax.cond(want_prompt, scores, lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))
+        return logits, prompt, kv_pool

@@ -10,7 +10,7 @@ import pytest
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jpaged.core.sched import plan_builder, scheduler
-from jpaged.core.padding import step_width
+from jpaged.core.padding import table_width
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
@@ -55,8 +55,9 @@ class CheckSkippedStops(EngineObserver):
         store = bm.rows
         if plan.num_seqs:
             longest = int(plan.context_lens[: plan.num_seqs].max())
-            assert plan.block_tables.shape[1] == step_width(-(-longest // bm.block_size), store.max_blocks_per_seq,
-                                                            plan.max_query_len)
+            width = (store.max_blocks_per_seq if plan.max_query_len > 1
+                     else table_width(-(-longest // bm.block_size), store.max_blocks_per_seq))
+            assert plan.block_tables.shape[1] == width
         rows = plan.sampling
         if rows is not None and out.batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler

@@ -76,12 +76,12 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     plan = builder.build(all_single=True)
     tokens, positions, slots, qsl, ends = _reference(bm, all_seqs, all_rows, all_counts)
     n, total = len(all_seqs), len(tokens)
-    size_s = seq_bucket(n, plan.max_query_len)
+    size_s = seq_bucket(n) if plan.max_query_len > 1 else bucket(n)
     assert (plan.num_seqs, plan.num_tokens, plan.seqs) == (n, total, all_seqs)
     assert plan.max_query_len == max(all_counts, default=0)
     T, S, M = plan.padded_shape
     assert S == size_s
-    assert T == (S if plan.max_query_len <= 1 else bucket(total, minimum=16))
+    assert T == bucket(total)  # decodes and chunks alike
     np.testing.assert_array_equal(plan.token_ids, tokens + [0] * (T - total))
     np.testing.assert_array_equal(plan.positions, positions + [0] * (T - total))
     np.testing.assert_array_equal(plan.slot_mapping[:total], slots)

@@ -30,7 +30,8 @@ def _engine(*, block_size=8, num_blocks=64, policy="chunked", chunk=0, budget=51
 
 
 class _Plans(EngineObserver):
-    """Records every executed plan's prompt rows (request id -> prompt positions reported) and shapes."""
+    """Records every executed plan's prompt rows (request id -> prompt positions reported) and padded
+    token counts (the model step compiles once per T, prompt rows or not)."""
 
     def __init__(self):
         self.positions = collections.defaultdict(list)
@@ -41,13 +42,8 @@ class _Plans(EngineObserver):
         plan = out.plan
         if plan.num_seqs == 0:
             return
-        rows, decode = plan.prompt_rows, plan.max_query_len == 1
-        # The step compiles per padded shape and kind (decode or prefill); a prefill-shaped step with
-        # prompt rows runs its T's one prompt variant (a decode-shaped one reads its own logits rows).
-        if rows is None or decode:
-            self.shapes.add((plan.padded_shape, decode))
-        else:
-            self.shapes.add(("prompt variant", len(plan.token_ids)))
+        rows = plan.prompt_rows
+        self.shapes.add(len(plan.token_ids))
         if rows is not None:
             self.plans_with_rows += 1
             for group, first, count in rows.groups:
@@ -158,8 +154,9 @@ def test_prefix_cache_is_not_read_for_prompt_logprobs(prompts):
 
 def test_no_cost_when_not_asked(prompts):
     """Without a request that asks, no plan carries prompt rows and every compiled step is one a plan
-    shape needs (one per padded shape and kind); asking adds compilations only for its own shapes.
-    (The model steps' count: the executor's num_compilations also counts sampler programs.)"""
+    needs (one per padded token count); asking compiles nothing of its own: the scores are a branch
+    of the same program. (The model steps' count: the executor's num_compilations also counts
+    sampler programs.)"""
     engine = _engine(chunk=7, budget=24)
     plans = _Plans()
     engine.observers.append(plans)

@@ -1,6 +1,6 @@
-"""Prompt rows of a decode-shaped step (a one-token prompt chunk beside decodes) are read from the
-step's own logits rows: they equal a dense forward of the model, and after the warm-up they
-compile nothing, like the prompt variant of a step with a longer chunk."""
+"""Prompt rows of a decode-shaped step (a one-token prompt chunk beside decodes) and of a step with
+a longer chunk are scored by the model step's own program: they equal a dense forward of the
+model, and after the warm-up they compile nothing."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,16 +26,21 @@ def test_prompt_rows_of_decode_shaped_steps_match_dense_without_compiling(monkey
     warmup.compile_grid(engine.executor, config, progress=False)
     warm = engine.kv_stats()["num_compilations"]
     step_kinds = []  # max_query_len of each step with prompt rows
-    read = JaxExecutor.prompt_logprobs
-    monkeypatch.setattr(JaxExecutor, "prompt_logprobs",
-                        lambda self, logits, plan: step_kinds.append(plan.max_query_len) or read(self, logits, plan))
+    run = JaxExecutor._run_model
+
+    def spy(self, plan):
+        if plan.prompt_rows is not None:
+            step_kinds.append(plan.max_query_len)
+        return run(self, plan)
+
+    monkeypatch.setattr(JaxExecutor, "_run_model", spy)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, 256, size=n).tolist() for n in (3, 3, 3, 20)]
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, SamplingParams(max_tokens=6 if i < 3 else 2, ignore_eos=True,
                                                           prompt_logprobs=None if i < 3 else 3))
     output = run_to_end(engine)["3"]
-    assert 1 in step_kinds and max(step_kinds) > 1  # decode-shaped steps and a longer chunk both read rows
+    assert 1 in step_kinds and max(step_kinds) > 1  # decode-shaped steps and a longer chunk both score rows
     assert engine.kv_stats()["num_compilations"] == warm
     prompt = prompts[3]
     tokens = np.zeros((1, PAD_LEN), np.int32)

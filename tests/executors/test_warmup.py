@@ -25,7 +25,7 @@ from jpaged.core import padding
 from jpaged.core.constraints import bitmask_words
 from jpaged.core.sampling_controls import SamplingControls
 from jpaged.core.sequence import SamplingParams, active_controls
-from jpaged.core.step_plan import SamplingBatch
+from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.entrypoints.engine_args import engine_config, load_engine
 from jpaged.executors import sampling, warmup
 
@@ -120,21 +120,26 @@ def test_unwarmed_engine_counts_sampler_and_block_programs():
 
 
 @pytest.mark.parametrize("block_size", [16, 32])  # the server's default and the benchmark's
-def test_grid_is_every_padded_shape(block_size):
-    """The grid's model steps are exactly the shapes the padding rule gives over the budgets."""
+def test_grid_is_one_model_step_per_token_bucket(block_size):
+    """The grid's model steps are exactly the ragged shapes of the token counts a step can have,
+    and every plan the scheduler can build is brought to one of them."""
     cfg = engine_config("tiny-llama", max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=512,
                         block_size=block_size)
     steps = warmup.model_steps(cfg)
     max_blocks = -(-cfg.scheduler.max_model_len // cfg.cache.block_size)
-    decode = {(padding.bucket(n), padding.bucket(n), padding.table_width(b, max_blocks))
-              for n in range(1, 257) for b in range(1, max_blocks + 1)}
-    # n sequences computing t tokens, one of them at least 2: t >= n + 1.
-    prefill = {(padding.token_bucket(t, n, 2), padding.seq_bucket(n, 2), max_blocks)
-               for n in range(1, 257) for t in range(n + 1, 2049)}
-    got_decode = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "decode"}
-    got_prefill = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps if s.kind == "prefill"}
-    assert got_decode == decode
-    assert got_prefill == prefill and len(steps) == len(set(steps))
+    expected = {(padding.bucket(t), min(padding.bucket(t), 256), max_blocks) for t in range(1, 2049)}
+    assert {(s.num_tokens, s.num_seqs, s.table_width) for s in steps} == expected
+    assert len(steps) == len(expected) == 17  # 8, 12, 16, 24, ... 1,536, 2,048: two per doubling
+    # Any plan: n sequences computing t >= n tokens, S and M as the plan builders pad them.
+    shapes = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps}
+    for n, t in [(1, 1), (5, 5), (9, 10), (200, 200), (256, 256), (256, 2048), (3, 1500), (1, 2048)]:
+        plan = StepPlan(num_seqs=n, num_tokens=t, max_query_len=2, token_ids=np.zeros(padding.bucket(t), np.int32),
+                        positions=np.zeros(padding.bucket(t), np.int32), slot_mapping=np.zeros(padding.bucket(t), np.int32),
+                        query_start_loc=np.zeros(padding.seq_bucket(n) + 1, np.int32),
+                        context_lens=np.zeros(padding.seq_bucket(n), np.int32),
+                        block_tables=np.zeros((padding.seq_bucket(n), 3), np.int32),
+                        logits_indices=np.zeros(padding.seq_bucket(n), np.int32))
+        assert plan.to_ragged(256, max_blocks).padded_shape in shapes
 
 
 _CACHE_SCRIPT = """

@@ -59,7 +59,7 @@ def test_bf16_step_logits_close_to_float32():
         runner = ModelRunner(spec, jax.tree.map(lambda x: x.astype(dtype), params), block_size=BLOCK_SIZE,
                              attention_backend="xla")
         pool = init_kv_pool(spec, sum(need) + 1, BLOCK_SIZE, storage_dtype(dtype, "cpu"))
-        out, _ = runner.prefill(pool, plan)
+        out, _ = runner.step(pool, plan)
         assert out.dtype == jnp.float32
         logits[dtype] = np.asarray(out)
     scale = np.abs(logits[jnp.float32]).max()
@@ -98,13 +98,13 @@ def test_native_decode_on_the_bits_pool_matches_the_xla_path(name):
     tables = scattered_tables(rng, need, sum(need) + 3)
     runners = {b: ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend=b) for b in ("xla", "cpu_native")}
     pool = init_kv_pool(spec, sum(need) + 3, BLOCK_SIZE, storage_dtype(jnp.bfloat16, "cpu", "cpu_native"))
-    logits, pool = runners["xla"].prefill(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables,
+    logits, pool = runners["xla"].step(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables,
                                                                    BLOCK_SIZE))
     contexts = [p + [int(t)] for p, t in zip(prompts, np.asarray(logits).argmax(-1))]
     decode = plan_from_contexts(contexts, [1] * 3, tables, BLOCK_SIZE, shape=(4, 4, max(map(len, tables))))
     out = {}
     for backend, runner in runners.items():
-        step_logits, pool = runner.decode(pool, decode)  # both write the same K/V bits, then read them
+        step_logits, pool = runner.step(pool, decode)  # both write the same K/V bits, then read them
         out[backend] = np.asarray(step_logits[:3])
     scale = np.abs(out["xla"]).max()
     assert np.abs(out["cpu_native"] - out["xla"]).max() < 0.02 * scale

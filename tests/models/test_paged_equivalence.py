@@ -62,13 +62,13 @@ def test_decode_step_by_step_matches_dense(name, block_size, backend):
     # Padded by odd amounts in every dimension: 7 tokens, a sequence and a block-table column.
     plan = plan_from_contexts(contexts, prompt_lens, tables, block_size,
                               shape=(sum(prompt_lens) + 7, 4, max_blocks + 1))
-    logits, pool = runner.prefill(pool, plan)
+    logits, pool = runner.step(pool, plan)
     for s, n in enumerate(prompt_lens):
         assert rel_err(logits[s], dense[s][n - 1]) < 1e-4
     for step in range(1, new_tokens):
         contexts = [s[:n + step] for s, n in zip(seqs, prompt_lens)]
         plan = plan_from_contexts(contexts, [1] * 3, tables, block_size, shape=(4, 4, max_blocks + 1))
-        logits, pool = runner.decode(pool, plan)
+        logits, pool = runner.step(pool, plan)
         assert np.isfinite(np.asarray(logits[:3])).all()
         for s, n in enumerate(prompt_lens):
             assert rel_err(logits[s], dense[s][n + step - 1]) < 1e-4, (s, step)
@@ -87,20 +87,12 @@ def test_prefix_cached_prefill_matches_full_prefill(name):
     runner = ModelRunner(spec, params, block_size=block_size, attention_backend="xla")
     pool = nan_pool(spec, block_size)
 
-    full, pool = runner.prefill(pool, plan_from_contexts([prompt], [29], [table_a], block_size))
+    full, pool = runner.step(pool, plan_from_contexts([prompt], [29], [table_a], block_size))
     # A second request with the same prompt shares the first 3 full blocks and prefills only its tail,
     # batched with an unrelated prompt.
     shared = table_a[:3] + table_b[3:]
     plan = plan_from_contexts([prompt, other], [29 - 24, 11], [shared, table_o], block_size, shape=(19, 3, 4))
-    tail, pool = runner.prefill(pool, plan)
+    tail, pool = runner.step(pool, plan)
     dense_other = decoder.dense_forward(spec, params, jnp.asarray([other], jnp.int32))[0, -1]
     assert rel_err(tail[0], full[0]) < 1e-4
     assert rel_err(tail[1], dense_other) < 1e-4
-
-
-def test_decode_rejects_multi_token_plan():
-    spec = get_preset("tiny-llama")
-    runner = ModelRunner(spec, decoder.init_params(spec), block_size=8, attention_backend="xla")
-    plan = plan_from_contexts([[1, 2, 3]], [3], [[1]], 8)
-    with pytest.raises(ValueError, match="one token per sequence"):
-        runner.decode(init_kv_pool(spec, 4, 8), plan)

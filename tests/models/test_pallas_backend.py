@@ -25,9 +25,9 @@ def test_pallas_backend_matches_xla():
         k, v = init_kv_pool(spec, 12, block_size)
         pool = (jnp.full_like(k, jnp.nan), jnp.full_like(v, jnp.nan))
         prompts = [s[:-2] for s in seqs]
-        prefill, pool = runner.prefill(pool, plan_from_contexts(
+        prefill, pool = runner.step(pool, plan_from_contexts(
             prompts, [len(p) for p in prompts], tables, block_size, shape=(sum(map(len, prompts)) + 5, 3, 3)))
-        decode, pool = runner.decode(pool, plan_from_contexts([s[:-1] for s in seqs], [1, 1], tables, block_size,
+        decode, pool = runner.step(pool, plan_from_contexts([s[:-1] for s in seqs], [1, 1], tables, block_size,
                                                               shape=(4, 4, 3)))
         results.append((np.asarray(prefill[:2]), np.asarray(decode[:2])))
     for xla, pallas in zip(*results):

@@ -23,11 +23,11 @@ def _prefill_then_decode(runner: ModelRunner, spec, steps: int = 4):
     num_blocks = sum(need) + 3
     tables = scattered_tables(rng, need, num_blocks)
     pool = init_kv_pool(spec, num_blocks, BLOCK_SIZE)
-    logits, pool = runner.prefill(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE))
+    logits, pool = runner.step(pool, plan_from_contexts(prompts, [len(p) for p in prompts], tables, BLOCK_SIZE))
     all_logits = [np.asarray(logits)]
     contexts = [p + [int(t)] for p, t in zip(prompts, all_logits[-1].argmax(-1))]
     for _ in range(steps):
-        logits, pool = runner.decode(pool, plan_from_contexts(contexts, [1] * len(contexts), tables, BLOCK_SIZE))
+        logits, pool = runner.step(pool, plan_from_contexts(contexts, [1] * len(contexts), tables, BLOCK_SIZE))
         all_logits.append(np.asarray(logits))
         for ctx, t in zip(contexts, all_logits[-1].argmax(-1)):
             ctx.append(int(t))
@@ -71,7 +71,7 @@ def test_cpu_default_is_per_layer_and_the_step_slices_no_stacked_weight():
     one_layer_of_stacked_mlp = "f32[1,{},{}]".format(spec.hidden_size, spec.intermediate_size)  # [1, H, I]
 
     def sliced_weights(r):
-        text = r._decode.lower(r.params, pool, **plan.device_arrays()).compile().as_text()
+        text = r.lower(pool, plan).compile().as_text()
         return [line for line in text.splitlines() if "dynamic-slice(" in line and one_layer_of_stacked_mlp in line]
 
     assert sliced_weights(ModelRunner(spec, params, block_size=BLOCK_SIZE, attention_backend="xla",

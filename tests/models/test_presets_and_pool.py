@@ -80,8 +80,8 @@ def test_runner_checks_pool_and_arrays():
     runner = ModelRunner(spec, decoder.init_params(spec), block_size=16, attention_backend="xla")
     plan = plan_from_contexts([[5]], [1], [[1]], 16, shape=(1, 1, 1))
     with pytest.raises(ValueError, match="k_pool"):
-        runner.decode(init_kv_pool(spec, 4, 8), plan)
+        runner.step(init_kv_pool(spec, 4, 8), plan)
     with pytest.raises(ValueError, match="positions: expected int32"):
-        runner.decode(init_kv_pool(spec, 4, 16), dataclasses.replace(plan, positions=np.zeros(1, np.int64)))
+        runner.step(init_kv_pool(spec, 4, 16), dataclasses.replace(plan, positions=np.zeros(1, np.int64)))
     with pytest.raises(ValueError, match="attention_backend|backend"):
         ModelRunner(spec, {}, block_size=16, attention_backend="cuda")

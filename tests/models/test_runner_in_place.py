@@ -35,9 +35,7 @@ def _setup(backend="xla", interpret=True):
 def test_compiled_step_aliases_the_pool_and_needs_no_layer_of_scratch(kind, backend):
     spec, runner, plans = _setup(backend)
     pool = init_kv_pool(spec, NUM_BLOCKS, BLOCK_SIZE)
-    step = runner._decode if kind == "decode" else runner._prefill
-    arrays = {k: jnp.asarray(v) for k, v in plans[kind].device_arrays().items()}
-    mem = step.lower(runner.params, pool, **arrays).compile().memory_analysis()
+    mem = runner.lower(pool, plans[kind]).compile().memory_analysis()
     pool_bytes = pool[0].nbytes + pool[1].nbytes  # 8 MiB
     layer_bytes = pool_bytes // spec.num_layers  # K + V of one layer: 4 MiB
     # The whole pool is an output aliased to its donated input buffer.
@@ -52,9 +50,9 @@ def test_step_keeps_the_pool_buffers(backend):
     spec, runner, plans = _setup(backend)
     pool = init_kv_pool(spec, NUM_BLOCKS, BLOCK_SIZE)
     pointers = [p.unsafe_buffer_pointer() for p in pool]
-    _, pool = runner.prefill(pool, plans["prefill"])
+    _, pool = runner.step(pool, plans["prefill"])
     assert [p.unsafe_buffer_pointer() for p in pool] == pointers
-    _, pool = runner.decode(pool, plans["decode"])
+    _, pool = runner.step(pool, plans["decode"])
     assert [p.unsafe_buffer_pointer() for p in pool] == pointers
     # The prompts' K/V landed in blocks 7 and 9 of every layer; block 8 (never written) is still zero.
     k = np.asarray(pool[0])
@@ -69,9 +67,10 @@ def test_pallas_step_for_cuda_never_slices_a_layer(kind):
     spec, runner, plans = _setup(backend="pallas", interpret=False)
     shape = (spec.num_layers, spec.num_kv_heads, 64, BLOCK_SIZE, spec.head_dim)
     pool = (jax.ShapeDtypeStruct(shape, jnp.float32),) * 2
-    step = runner._decode if kind == "decode" else runner._prefill
+    plan = plans[kind]
+    no_scores = (np.zeros(len(plan.token_ids), np.int32), np.bool_(False), np.bool_(False))  # prompt scores off
     with abstract_gpu(A100):  # newer jax lowers Triton kernels only for a named (abstract) GPU
-        traced = step.trace(runner.params, pool, **plans[kind].device_arrays())
+        traced = runner._step_fn.trace(runner.params, pool, *no_scores, **plan.device_arrays())
         text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
     layer = "tensor<{}xf32>".format("x".join(map(str, shape[1:])))

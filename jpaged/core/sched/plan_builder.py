@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jpaged.core.padding import arange, bucket, decode_ranges, seq_bucket, step_width, table_width, token_bucket
+from jpaged.core.padding import arange, bucket, decode_ranges, seq_bucket, table_width, token_bucket
 from jpaged.core.step_plan import PromptRows, SampleRows, StepPlan, pairs_array
 
 if TYPE_CHECKING:
@@ -168,18 +168,19 @@ class PlanBuilder:
         counts = [count for _, _, count, _ in records]
         ends = [end for _, _, _, end in records]  # context of each record after this step's writes
         total, longest_query = n_b + sum(counts), max(counts)
-        size_s = seq_bucket(n, longest_query)
-        # Per-token rows (one allocation): token ids, positions, slots. One token each: T == S.
-        per_token = np.zeros((3, token_bucket(total, n, longest_query)), np.int32)
+        size_s = seq_bucket(n) if longest_query > 1 else bucket(n)
+        # Per-token rows (one allocation): token ids, positions, slots.
+        per_token = np.zeros((3, token_bucket(total)), np.int32)
         token_ids, positions, slot_mapping = per_token
         context_lens = np.zeros(size_s, np.int32)
         query_start_loc = np.empty(size_s + 1, np.int32)
         query_start_loc[0] = 0
         query_start_loc[n + 1:] = total  # padded sequences own no rows
         seqs: list[Sequence] = []
-        # Block-table columns (jpaged.core.padding.step_width): the full width with a prompt chunk,
-        # else bucketed to the longest context (the batch's tables already are).
-        width = step_width(-(-max(ends) // kv.block_size), store.max_blocks_per_seq, longest_query)
+        # Block-table columns: the full width with a prompt chunk, else bucketed to the longest
+        # context (the batch's tables already are); the executor runs every plan at the full width.
+        width = (store.max_blocks_per_seq if longest_query > 1
+                 else table_width(-(-max(ends) // kv.block_size), store.max_blocks_per_seq))
         if n_b:
             batch, state, batch_tables = self._decodes
             seqs += batch.seqs

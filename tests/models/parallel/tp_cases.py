@@ -92,13 +92,12 @@ def test_weights_and_pool_are_split_by_head_and_updated_in_place():
     assert layers["down"]["kernel"].addressable_shards[0].data.shape[1] == spec.intermediate_size // 4
 
     plan = plan_from_contexts([[5, 6, 7], [8, 9]], [1, 1], [[3], [4]], BLOCK_SIZE)
-    compiled = executor.runner._decode.lower(executor.runner.params, executor.kv_pool,
-                                             **{k: jnp.asarray(v) for k, v in plan.device_arrays().items()}).compile()
+    compiled = executor.runner.lower(executor.kv_pool, plan).compile()
     # The partitioner's collectives: attention output and MLP all-reduces in the layer loop (+ the
     # vocabulary-split embedding), one all-gather of the vocabulary-split logits.
     assert compiled.as_text().count("all-reduce(") >= 2
     pointers = [s.data.unsafe_buffer_pointer() for p in executor.kv_pool for s in p.addressable_shards]
-    _, pool = executor.runner.decode(executor.kv_pool, plan)
+    _, pool = executor.runner.step(executor.kv_pool, plan)
     assert [s.data.unsafe_buffer_pointer() for p in pool for s in p.addressable_shards] == pointers
 
 
@@ -118,8 +117,8 @@ def test_pallas_kernels_run_per_shard():
         pool = jax.device_put(init_kv_pool(spec, 12, BLOCK_SIZE), parallel.pool_sharding(mesh))
         runner = ModelRunner(spec, parallel.shard_params(spec, params, mesh), block_size=BLOCK_SIZE,
                              attention_backend=backend, interpret=True, mesh=mesh)
-        first, pool = runner.prefill(pool, prefill)
-        second, pool = runner.decode(pool, decode)
+        first, pool = runner.step(pool, prefill)
+        second, pool = runner.step(pool, decode)
         logits.append((np.asarray(first[:2]), np.asarray(second[:2])))
     for single, split in zip(*logits):
         np.testing.assert_allclose(split, single, rtol=1e-4, atol=1e-4 * np.abs(single).max())
