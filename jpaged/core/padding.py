@@ -3,8 +3,9 @@ once per bucket and steady serving never recompiles.
 
 Every step is ragged: decodes and prompt chunks share one flat token batch, so the model step's
 only static size is its padded token count T (`token_bucket`, two sizes per doubling). The
-per-sequence arrays are padded to S = min(T, max_num_seqs) (a step's sequences each compute at
-least one token, so never more than T; never more than the engine runs) and the block tables to
+per-sequence arrays are padded to S, the power of two at or above T but at most max_num_seqs (a
+step's sequences each compute at least one token, so never more than T; never more than the
+engine runs; S is also the sampler's row count), and the block tables to
 their full width M (max_model_len in blocks): `ragged_shape`, `ragged_shapes`. The kernels' work
 follows the context lengths and query ranges, not S or M. The scheduler's plan builders pad S and M
 less (decode cursors keep their tables at the bucket of the longest context, cheaper to edit);
@@ -41,9 +42,11 @@ def seq_bucket(num_seqs: int) -> int:
 
 
 def ragged_shape(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> tuple[int, int, int]:
-    """(T, S, M) of the model step that runs a plan of `num_tokens` padded tokens: S = min(T,
-    max_num_seqs), M the full table width."""
-    return num_tokens, min(num_tokens, max_num_seqs), max_blocks_per_seq
+    """(T, S, M) of the model step that runs a plan of `num_tokens` padded tokens: S the power of
+    two at or above T, at most max_num_seqs; M the full table width. (S is also the sampler's row
+    count, one program each: powers of two halve those programs against T's two sizes per
+    doubling, for a few padded logits rows.)"""
+    return num_tokens, min(1 << (num_tokens - 1).bit_length(), max_num_seqs), max_blocks_per_seq
 
 
 def ragged_shapes(max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int) -> list[tuple[int, int, int]]:

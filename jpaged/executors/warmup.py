@@ -3,9 +3,10 @@
 `grid(config)` lists the programs the engine can produce under `config`, derived from the
 padding rules the scheduler and executor use (jpaged.core.padding) and the config's limits:
 
-- model steps: one per padded token count T, at the ragged shape of T (S = min(T, max_num_seqs),
-  M the full table width: `padding.ragged_shapes`), from a single decode to the token budget;
-  each also computes prompt log-probabilities, behind a `lax.cond` (jpaged.models.runner);
+- model steps: one per padded token count T, at the ragged shape of T (S the power of two at or
+  above T, at most max_num_seqs; M the full table width: `padding.ragged_shapes`), from a single
+  decode to the token budget; each also computes prompt log-probabilities, behind a `lax.cond`
+  (jpaged.models.runner);
 - the sampler (jpaged.executors.sampling): ONE program per step's S (`SamplerProgram`), which
   serves every draw mode, control, combination of controls and top-candidate width, the work a
   step does not need skipped at run time;
@@ -54,7 +55,7 @@ class ModelStep:
     """One padded shape of the jitted model step: the ragged shape of its T."""
 
     num_tokens: int  # T
-    num_seqs: int  # S = min(T, max_num_seqs)
+    num_seqs: int  # S: the power of two at or above T, at most max_num_seqs
     table_width: int  # M: the full width
 
 

@@ -127,7 +127,8 @@ def test_grid_is_one_model_step_per_token_bucket(block_size):
                         block_size=block_size)
     steps = warmup.model_steps(cfg)
     max_blocks = -(-cfg.scheduler.max_model_len // cfg.cache.block_size)
-    expected = {(padding.bucket(t), min(padding.bucket(t), 256), max_blocks) for t in range(1, 2049)}
+    pow2 = lambda n: 1 << (n - 1).bit_length()
+    expected = {(padding.bucket(t), min(pow2(padding.bucket(t)), 256), max_blocks) for t in range(1, 2049)}
     assert {(s.num_tokens, s.num_seqs, s.table_width) for s in steps} == expected
     assert len(steps) == len(expected) == 17  # 8, 12, 16, 24, ... 1,536, 2,048: two per doubling
     # Any plan: n sequences computing t >= n tokens, S and M as the plan builders pad them.
