@@ -105,3 +105,22 @@ def test_plan_matches_reference(block_size, decoding, chunks, one_token_decodes)
     else:
         assert plan.sampling.seqs == [all_seqs[i] for i in sampling]
         np.testing.assert_array_equal(plan.sampling.logits_rows, sampling)
+    _check_ragged(plan, int(rng.integers(max(n, 1), 40)), bm.rows.max_blocks_per_seq)
+
+
+def _check_ragged(plan, max_num_seqs: int, width: int) -> None:
+    """The plan at the ragged shape of its T (what the executor runs) describes the same batch:
+    the real sequences' rows as they were, padding sequences empty, tables at the full width."""
+    ragged = plan.to_ragged(max_num_seqs, width)
+    T, S, M = ragged.padded_shape
+    assert (T, M) == (len(plan.token_ids), width) and S == min(1 << (T - 1).bit_length(), max_num_seqs)
+    n, total = plan.num_seqs, plan.num_tokens
+    np.testing.assert_array_equal(ragged.query_start_loc[: n + 1], plan.query_start_loc[: n + 1])
+    assert (ragged.query_start_loc[n:] == total).all()  # padding sequences own no rows
+    np.testing.assert_array_equal(ragged.context_lens[:n], plan.context_lens[:n])
+    assert not ragged.context_lens[n:].any() and not ragged.block_tables[n:].any()
+    np.testing.assert_array_equal(ragged.logits_indices[:n], plan.logits_indices[:n])
+    cols = plan.block_tables.shape[1]
+    np.testing.assert_array_equal(ragged.block_tables[:n, :cols], plan.block_tables[:n])
+    assert not ragged.block_tables[:, cols:].any()
+    assert ragged.to_ragged(max_num_seqs, width) is ragged
