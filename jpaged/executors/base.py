@@ -47,7 +47,7 @@ class PendingStep:
 
     plan: StepPlan  # the step; its `sampling` may lose rows before `collect` (sequences that ended since)
     started: float  # the executor's clock (`now`) when it was launched
-    handle: Any  # the executor's own: the step's logits on device (jax), when they are ready (sim)
+    handle: Any  # the executor's own: the step's (logits, prompt scores) on device (jax), when they are ready (sim)
 
 
 @runtime_checkable
