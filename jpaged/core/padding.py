@@ -49,7 +49,8 @@ def ragged_shape(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) ->
     return num_tokens, min(1 << (num_tokens - 1).bit_length(), max_num_seqs), max_blocks_per_seq
 
 
-def ragged_shapes(max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int) -> list[tuple[int, int, int]]:
+def ragged_shapes(max_num_seqs: int, max_num_batched_tokens: int,
+                  max_blocks_per_seq: int) -> list[tuple[int, int, int]]:
     """Every (T, S, M) of a model step under these limits: one per token bucket from a single
     decode to the step's token budget (decodes alone pad T to at least the bucket of their count,
     at most max_num_seqs <= max_num_batched_tokens)."""

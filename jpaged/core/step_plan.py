@@ -179,8 +179,8 @@ class StepPlan:
 
     def to_ragged(self, max_num_seqs: int, max_blocks_per_seq: int) -> StepPlan:
         """This plan at the ragged shape of its T (`padding.ragged_shape`): the per-sequence arrays
-        padded, or cut, to its S (at least T's, at most max_num_seqs) and the block tables widened to the full
-        width, so one model program serves every plan of T tokens. Rows cut are padding (a plan
+        padded, or cut, to that shape's S and the block tables widened to the full width, so one
+        model program serves every plan of T tokens. Rows cut are padding (a plan
         never has more real sequences than tokens or than max_num_seqs); rows added are padding
         sequences (no context, an empty query range at the end, logits row 0). `self` when it
         already has that shape."""

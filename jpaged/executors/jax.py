@@ -6,8 +6,9 @@ the plan's sample rows are sampled on device (jpaged.executors.sampling): only t
 log-probabilities come back to the host; a plan's prompt rows become prompt log-probabilities in
 the model step's own program (jpaged.executors.prompt_logprobs). Every plan runs at the ragged
 shape of its token count (`StepPlan.to_ragged`): one model program per token bucket. Block
-operations run in the order the scheduler relies on: copies out (the host tier's offloads, then swap-outs; both free device blocks, and a swap-out may
-reuse a host block the tier gave back), copies in (swapped groups and promoted prefix-cache
+operations run in the order the scheduler relies on: copies out (the host tier's offloads, then
+swap-outs; both free device blocks, and a swap-out may reuse a host block the tier gave back),
+copies in (swapped groups and promoted prefix-cache
 blocks; they may reuse the freed device blocks), copy-on-write, then the model writes.
 Pair arrays are padded to buckets so block operations do not recompile either. Every program a
 config can need (model steps, the sampler's one program per row count, block operations) is

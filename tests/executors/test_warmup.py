@@ -134,8 +134,9 @@ def test_grid_is_one_model_step_per_token_bucket(block_size):
     # Any plan: n sequences computing t >= n tokens, S and M as the plan builders pad them.
     shapes = {(s.num_tokens, s.num_seqs, s.table_width) for s in steps}
     for n, t in [(1, 1), (5, 5), (9, 10), (200, 200), (256, 256), (256, 2048), (3, 1500), (1, 2048)]:
-        plan = StepPlan(num_seqs=n, num_tokens=t, max_query_len=2, token_ids=np.zeros(padding.bucket(t), np.int32),
-                        positions=np.zeros(padding.bucket(t), np.int32), slot_mapping=np.zeros(padding.bucket(t), np.int32),
+        tokens = np.zeros(padding.bucket(t), np.int32)
+        plan = StepPlan(num_seqs=n, num_tokens=t, max_query_len=2, token_ids=tokens, positions=tokens,
+                        slot_mapping=tokens,
                         query_start_loc=np.zeros(padding.seq_bucket(n) + 1, np.int32),
                         context_lens=np.zeros(padding.seq_bucket(n), np.int32),
                         block_tables=np.zeros((padding.seq_bucket(n), 3), np.int32),
