@@ -130,6 +130,13 @@ class ModelRunner:
         return self._run(kv_pool, plan, targets, want_top)
 
     def _run(self, kv_pool: KVPool, plan: StepPlan, targets: np.ndarray | None, want_top: bool):
+        args, arrays = self._arguments(kv_pool, plan, targets, want_top)
+        return self._step_fn(*args, **arrays)
+
+    def _arguments(self, kv_pool: KVPool, plan: StepPlan, targets: np.ndarray | None, want_top: bool
+                   ) -> tuple[tuple, dict[str, np.ndarray]]:
+        """The jitted step's checked arguments: (params, pool, targets, want_prompt, want_top) and the
+        plan's arrays by name; no `targets` (None): zeros, prompt scores off."""
         arrays = self._checked(kv_pool, plan)
         num_tokens = len(arrays["token_ids"])
         if targets is None:
@@ -138,15 +145,14 @@ class ModelRunner:
             raise ValueError(f"targets: expected int32 [T={num_tokens}], got {targets.dtype} {list(targets.shape)}")
         else:
             want_prompt = True
-        return self._step_fn(self.params, kv_pool, targets, np.bool_(want_prompt), np.bool_(want_top), **arrays)
+        return (self.params, kv_pool, targets, np.bool_(want_prompt), np.bool_(want_top)), arrays
 
     def lower(self, kv_pool: KVPool, plan: StepPlan) -> jax.stages.Lowered:
         """The step of `plan`'s shape over `kv_pool`, traced and lowered, not compiled and not run
         (counted in `num_compilations`). Its `compile()` is the program a later `step` of that
         shape runs: jit keeps both, so that call neither traces nor compiles."""
-        num_tokens = len(plan.token_ids)
-        return self._step_fn.lower(self.params, kv_pool, padding.zeros(num_tokens), np.bool_(False), np.bool_(False),
-                                   **self._checked(kv_pool, plan))
+        args, arrays = self._arguments(kv_pool, plan, None, False)
+        return self._step_fn.lower(*args, **arrays)
 
     def memory_analysis(self, kv_pool: KVPool, plan: StepPlan) -> Any:
         """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
