@@ -65,7 +65,7 @@ class LLMEngine:
         # weights are loaded, and the scheduler's block manager takes its count.
         self.executor = executor if executor is not None else _default_executor(config)
         self.config = config = sized_config(config, self.executor)
-        self.scheduler = scheduler or Scheduler(config.scheduler, config.cache)
+        self.scheduler = scheduler or Scheduler(config.scheduler, config.cache, speculative=config.speculative)
         self.overlapped = config.scheduler.async_scheduling
         if self.overlapped:
             _check_overlap(self.scheduler, self.executor)
@@ -103,7 +103,7 @@ class LLMEngine:
         return request_checks.check_request(request_id, prompt_token_ids, sampling_params, arrival_time, cache_salt,
                              scheduler=self.config.scheduler, kv=self.scheduler.block_manager,
                              vocab_size=self.vocab_size, in_use=self._groups, eos_token_ids=self.eos_token_ids,
-                             **fields)
+                             speculative=self.config.speculative, **fields)
 
     def _queue(self, request: CheckedRequest) -> None:
         """Hands a checked request to the scheduler."""
@@ -383,7 +383,14 @@ class LLMEngine:
             "max_concurrency": bm.num_usable_blocks / -(-self.config.scheduler.max_model_len // block_size),
             "num_compilations": self.executor.num_compilations,
             **self.prefix_cache_stats(),
+            **self.spec_decode_stats(),
         }
+
+    def spec_decode_stats(self) -> dict:
+        """Speculative decoding's counters (`speculation.SpecStats.as_dict`): drafts, drafted and
+        accepted tokens, accepted drafts per position and the mean acceptance length; {} when off."""
+        speculator = self.scheduler.speculator
+        return {} if speculator is None else speculator.stats.as_dict()
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache hit rate (cached tokens / prompt tokens admitted, both tiers), cached device

@@ -17,8 +17,8 @@ from jpaged.config.loading import config_from_dict, config_to_dict, load_config
 from jpaged.config.presets import get_preset, preset_names
 from pallas_kernels.backend_names import BACKEND_NAMES, BackendName
 
-__all__ = ["CacheConfig", "SchedulerConfig", "ModelConfig", "EngineConfig", "load_config", "config_from_dict",
-           "config_to_dict"]
+__all__ = ["CacheConfig", "SchedulerConfig", "ModelConfig", "SpeculativeConfig", "EngineConfig", "load_config",
+           "config_from_dict", "config_to_dict"]
 
 
 # Upper bounds of the sizes: far above any real deployment, low enough that a typo (1e20) is an
@@ -198,6 +198,57 @@ class ModelConfig:
                f"is required when num_processes is {self.num_processes}")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+# Most tokens one verify step drafts per sequence: its k + 1 logits rows per sequence must fit the
+# sampler's rows (max_num_seqs), and acceptance falls geometrically with k.
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's --speculative-config): a proposer drafts up to
+    num_speculative_tokens tokens per decoding sequence, and the target model verifies them in one
+    step (jpaged.core.sched.speculation). method None: off."""
+
+    method: str | None = None
+    """ngram: prompt lookup, the tokens that followed the latest earlier occurrence of the
+    sequence's last n tokens (n from prompt_lookup_max down to prompt_lookup_min); None: off."""
+    num_speculative_tokens: int = 0
+    """k: tokens drafted per sequence and step, in [1, 16] when a method is set."""
+    prompt_lookup_max: int | None = None
+    """ngram: longest suffix matched; None: prompt_lookup_min, or 5 when both are None (vLLM's rule)."""
+    prompt_lookup_min: int | None = None
+    """ngram: shortest suffix matched; None: prompt_lookup_max, or 5 when both are None."""
+    disable_by_batch_size: int | None = None
+    """Steps with at least this many decoding sequences run without speculation (where verifying
+    k + 1 tokens per sequence costs more than it saves); None: never disabled by size."""
+
+    def __post_init__(self) -> None:
+        _normalise(self, "speculative", {
+            "method": lambda f, v: None if v is None else check_choice(f, v, SPECULATIVE_METHODS),
+            "num_speculative_tokens": lambda f, v: check_int(f, v, 0, MAX_SPECULATIVE_TOKENS),
+            "prompt_lookup_max": lambda f, v: None if v is None else check_int(f, v, 1, MAX_TOKENS),
+            "prompt_lookup_min": lambda f, v: None if v is None else check_int(f, v, 1, MAX_TOKENS),
+            "disable_by_batch_size": lambda f, v: None if v is None else check_int(f, v, 1, MAX_NUM_SEQS),
+        })
+        if self.method is None:
+            return
+        _check(self.num_speculative_tokens >= 1, "speculative.num_speculative_tokens",
+               f"must be in [1, {MAX_SPECULATIVE_TOKENS}] with method {self.method!r}, got {self.num_speculative_tokens}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = 5
+        object.__setattr__(self, "prompt_lookup_min", high if low is None else low)
+        object.__setattr__(self, "prompt_lookup_max", low if high is None else high)
+        _check(self.prompt_lookup_min <= self.prompt_lookup_max, "speculative.prompt_lookup_min",
+               f"must be <= prompt_lookup_max ({self.prompt_lookup_max}), got {self.prompt_lookup_min}")
+
+    @property
+    def enabled(self) -> bool:
+        """True when a method is set."""
+        return self.method is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything an LLMEngine is built from."""
@@ -210,9 +261,12 @@ class EngineConfig:
     """Iteration-level scheduling."""
     executor: Literal["jax", "sim"] = "jax"
     """jax: the real model; sim: the cost model on a virtual clock (jpaged.paper)."""
+    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
+    """Speculative decoding (off by default)."""
 
     def __post_init__(self) -> None:
-        for name, cls in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+        for name, cls in (("model", ModelConfig), ("cache", CacheConfig), ("scheduler", SchedulerConfig),
+                          ("speculative", SpeculativeConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"{name}: must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
         check_choice("executor", self.executor, ("jax", "sim"))

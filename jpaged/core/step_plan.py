@@ -83,6 +83,11 @@ class SampleRows:
     token_lists: list[list[int]] | None = None  # [B] each batch row's `seq.token_ids`
     length_stops: list[int] = dataclasses.field(default_factory=list)  # batch rows this step's token brings to their length limit
     num_batch_rows: int = 0  # B
+    # A verify step (jpaged.core.sched.speculation): a sequence's rows are consecutive, row j
+    # sampling position len(seq) + j (`spec_offsets[r]` = j) and checking the draft
+    # `spec_drafts[r]` (-1 on its last row, which only samples). None: one row per position as usual.
+    spec_offsets: list[int] | None = None
+    spec_drafts: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -102,7 +107,8 @@ class SampleRows:
             top_p=np.array([p.top_p for p in params], np.float32),
             seed=np.array([s.group.seed for s in seqs], np.uint32),
             stream=np.array([(s.group.stream_base + i) & 0x7FFFFFFF for s, i in zip(seqs, indices)], np.int32),
-            position=np.array([len(s) for s in seqs], np.int32),
+            position=np.array([len(s) for s in seqs], np.int32) + (0 if self.spec_offsets is None else
+                                                                   np.array(self.spec_offsets, np.int32)),
             num_top=max(self.num_top, num_logprobs),
             min_p=np.array(min_p, np.float32) if any(min_p) else None,
             controls=build_controls(seqs))

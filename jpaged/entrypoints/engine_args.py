@@ -7,6 +7,8 @@ ModelConfig, CacheConfig and SchedulerConfig by name (`block_size=32`, `max_num_
 `enable_prefix_caching=True`, `num_host_cache_blocks=4096`, `eviction_policy="arc"`,
 `dtype="bfloat16"`, ...; jpaged.entrypoints.engine_flags lists them and makes them `jpaged serve`'s
 flags); they override an optional base `config` (an EngineConfig or the path of its YAML).
+`speculative_config` (vLLM's name: a dict or JSON object of SpeculativeConfig's fields) sets the
+`speculative:` section whole.
 `load_engine` also pre-stores `pinned_prefixes`. The executor is the real (JAX) one.
 Pure Python: the model loads only when `load_engine` builds the executor. (The paper's systems, simulated or not,
 are built by `jpaged.paper.systems.build_engine`.)
@@ -21,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jpaged.config import EngineConfig, load_config
+from jpaged.config import EngineConfig, SpeculativeConfig, config_from_dict, load_config
 from jpaged.config.checks import show
 from jpaged.config.presets import preset_names
 from jpaged.engine import LLMEngine
-from jpaged.entrypoints.engine_flags import ENGINE_ARGS, SECTIONS
+from jpaged.entrypoints.engine_flags import ENGINE_ARGS, SECTIONS, SPECULATIVE_ARG
 from jpaged.executors.base import Executor
 from jpaged.text.output_processor import prompt_ids
 from jpaged.text.tokenizer import Tokenizer
@@ -69,9 +71,11 @@ def engine_config(model: str, config: EngineConfig | str | Path | None = None, *
     value from `config` (or the default) is lowered to it.
     """
     source = resolve_model(model)
+    speculative = _speculative_config(engine_args.pop(SPECULATIVE_ARG, None))
     unknown = sorted(set(engine_args) - set(ENGINE_ARGS))
     if unknown:
-        raise TypeError(f"unknown engine argument(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ENGINE_ARGS))}")
+        raise TypeError(f"unknown engine argument(s) {', '.join(unknown)}; allowed: "
+                        f"{', '.join(sorted([*ENGINE_ARGS, SPECULATIVE_ARG]))}")
     if config is None:
         base = EngineConfig()
     elif isinstance(config, EngineConfig):
@@ -97,7 +101,25 @@ def engine_config(model: str, config: EngineConfig | str | Path | None = None, *
                      base.scheduler.max_model_len, limit)
             sections["scheduler"]["max_model_len"] = limit
     parts = {name: dataclasses.replace(getattr(base, name), **values) for name, values in sections.items()}
+    if speculative is not None:
+        parts["speculative"] = speculative
     return dataclasses.replace(base, **parts)
+
+
+def _speculative_config(value: Any) -> SpeculativeConfig | None:
+    """The `speculative_config` engine argument (vLLM's): a SpeculativeConfig, a dict of its
+    fields or that dict as a JSON object (`jpaged serve --speculative-config`); None: not given."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{SPECULATIVE_ARG}: not a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise TypeError(f"{SPECULATIVE_ARG}: must be a dict (or JSON object) of SpeculativeConfig fields, got "
+                        f"{type(value).__name__} {show(value)}")
+    return config_from_dict(SpeculativeConfig, value, source=SPECULATIVE_ARG)
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None) -> Tokenizer | None:

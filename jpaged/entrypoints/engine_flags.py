@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from jpaged.config import CacheConfig, ModelConfig, SchedulerConfig
+from jpaged.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.config.docs import attribute_docs
 
 # The EngineConfig sections that engine arguments set, in `--help` order.
@@ -42,7 +42,10 @@ FLAG_EXCEPTIONS: dict[str, str] = {
     "model.num_processes": "--num-processes, in the multi-process group (default 1)",
     "model.process_id": "--process-id, in the multi-process group (default 0)",
     "executor": "YAML only: the server and LLM run the real model (jax); sim is jpaged.paper's",
+    "speculative": "one JSON flag, as vLLM's: --speculative-config (LLM(speculative_config=...))",
 }
+# The engine argument of the `speculative:` section, whole: a dict, a JSON object or a SpeculativeConfig.
+SPECULATIVE_ARG = "speculative_config"
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
@@ -61,12 +64,19 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> dict[str, Any]:
             help_text = " ".join(docs[field.name].split()).replace("%", "%%") + _default_text(field.default)
             group.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None, help=help_text,
                                **_parse_options(f"{section}.{field.name}", hints[field.name]))
+    groups["speculative"] = group = parser.add_argument_group(
+        "speculative (SpeculativeConfig; overrides the `speculative:` section of --config)",
+        inspect.cleandoc(SpeculativeConfig.__doc__).replace("%", "%%"))
+    fields = "; ".join(f"{name}: {' '.join(doc.split())}" for name, doc in attribute_docs(SpeculativeConfig).items())
+    group.add_argument("--speculative-config", dest=SPECULATIVE_ARG, default=None,
+                       help=("a JSON object of its fields, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                             "\"prompt_lookup_max\": 4}'. " + fields).replace("%", "%%"))
     return groups
 
 
 def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
     """The engine arguments given on the command line (flags left at None are not given)."""
-    return {name: getattr(args, name) for name in ENGINE_ARGS if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in (*ENGINE_ARGS, SPECULATIVE_ARG) if getattr(args, name, None) is not None}
 
 
 def _parse_options(field: str, hint: Any) -> dict[str, Any]:

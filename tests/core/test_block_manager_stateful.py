@@ -1,7 +1,8 @@
-"""Hypothesis state machine over the block manager: random allocate / append / fork / free / swap.
+"""Hypothesis state machine over the block manager: random allocate / append / verify / fork / free / swap.
 
 Appends take one or several tokens per row (decodes and prompt chunks); forks share all blocks or
-only a prefix of full ones (a recomputed group's sequences).
+only a prefix of full ones (a recomputed group's sequences). A verify step (speculative decoding)
+takes slots for k + 1 tokens and gives back those of the rejected drafts.
 
 After every step: free + used = total on each pool, every refcount equals the number of tables
 referencing the block, no block is both free and referenced, block 0 is never handed out, and no
@@ -75,6 +76,30 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for src, dst in pairs:
             assert self.bm.refcount[dst] == 1 and src != dst
         assert free_before - self.bm.num_free_blocks == new_blocks + len(pairs)
+
+    @precondition(lambda self: self.resident)
+    @rule(data=st.data(), k=st.integers(1, 5))
+    def verify(self, data, k):
+        """A verify step of speculative decoding: slots for a token and k drafts, then the
+        rejected tail given back (`trim`): only the blocks the kept tokens need stay taken."""
+        seq = data.draw(st.sampled_from(sorted(self.resident)))
+        row = self.bm.rows.row_of(seq)
+        pos = int(self.bm.rows.num_tokens[row])
+        if pos + k + 1 > 48:
+            return
+        free_before = self.bm.num_free_blocks
+        result = self.bm.append_slots(np.array([row]), np.array([k + 1]))
+        if result is None:
+            assert self.bm.num_free_blocks == free_before
+            return
+        slots, pairs = result
+        for slot in slots.tolist():
+            assert self.bm.refcount[slot // BLOCK_SIZE] == 1, "a draft was written into a shared block"
+        accepted = data.draw(st.integers(0, k))
+        self.bm.trim(seq, pos + 1 + accepted)
+        kept = self.bm.rows.blocks_for(pos + 1 + accepted) - self.bm.rows.blocks_for(pos)
+        assert free_before - self.bm.num_free_blocks == kept + len(pairs)
+        assert self.bm.rows.num_slots(seq) == pos + 1 + accepted
 
     @precondition(lambda self: self.resident)
     @rule(data=st.data())

@@ -1,13 +1,16 @@
 """Liveness under random load (hypothesis): random add_request / abort / step with random sampling
 (n up to 8, beams, temperatures, shared prefixes, salts, max_tokens) on tiny pools, both
 preemption modes, both policies, with and without swap space, with and without the prefix cache's
-host tier (either eviction policy). After a bounded number of steps every request has ended
+host tier (either eviction policy), with and without speculative decoding (its verify steps
+accept drafts at random, so rejected tails are given back at every length). After a bounded number of steps every request has ended
 (finished, refused at the door, ended with an error, or aborted), every block is free, and at
 every step refcounts equal the references of the block tables and no write lands in
 a slot that another holder of the block sees differently: every sequence holding a written block
 has the same tokens up to the written position (copy-on-write ran before divergent writes; a
 prefix-cache hit or a recomputed beam sharing a block written in the same step reads exactly
-what is written, since each layer writes before it attends)."""
+what is written, since each layer writes before it attends), and a draft's write lands in a
+block only its own sequence holds. The prefix cache only ever holds verified tokens: every cached
+block's path in the radix tree spells a prefix of some sequence's tokens."""
 
 import zlib
 from collections import Counter
@@ -16,7 +19,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.core.sequence import SamplingParams
 from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
@@ -27,7 +30,9 @@ MAX_STEPS = 4000
 
 class RandomTokens:
     """An executor without a model: each sampled token is a hash of (request, sample, position), and
-    beams get seeded random candidates, so runs are deterministic and tokens vary (stop tokens hit)."""
+    beams get seeded random candidates, so runs are deterministic and tokens vary (stop tokens hit).
+    A verify step's row takes the draft it checks on two hashes out of three (so drafts are
+    accepted, then rejected, at every depth)."""
 
     vocab_size = VOCAB
     num_compilations = 0
@@ -43,8 +48,13 @@ class RandomTokens:
         rows = plan.sampling
         if rows is None:
             return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=1e-3)
-        keys = [f"{s.group.request_id}/{i}/{len(s)}" for s, i in zip(rows.seqs, rows.indices or [s.index for s in rows.seqs])]
+        offsets = rows.spec_offsets or [0] * len(rows)
+        keys = [f"{s.group.request_id}/{i}/{len(s) + j}" for s, i, j in
+                zip(rows.seqs, rows.indices or [s.index for s in rows.seqs], offsets)]
         tokens = [zlib.crc32(k.encode()) % VOCAB for k in keys]
+        for r, draft in enumerate(rows.spec_drafts or ()):
+            if draft >= 0 and zlib.crc32(keys[r].encode()) % 3:
+                tokens[r] = draft
         logprobs = np.full(len(rows), -1.0)
         top_ids = top_logprobs = None
         if rows.num_top:
@@ -70,6 +80,9 @@ class RandomTokens:
         for s, seq in enumerate(plan.seqs):
             lo, hi = plan.query_start_loc[s], plan.query_start_loc[s + 1]
             for position, slot in zip(plan.positions[lo:hi].tolist(), slots[lo:hi]):
+                if position >= len(seq):  # a draft token: not in its sequence yet
+                    assert holders[slot // bs] == [seq], f"a draft lands in block {slot // bs}, which others hold"
+                    continue
                 for other in holders[slot // bs]:
                     assert len(other) > position and other.token_ids[: position + 1] == seq.token_ids[: position + 1], \
                         f"a write at position {position} lands in block {slot // bs}, which another sequence holds"
@@ -77,6 +90,9 @@ class RandomTokens:
 
 class InvariantChecker(EngineObserver):
     """After every step: refcounts equal table references; free + referenced + cached = usable."""
+
+    def __init__(self):
+        self.streams: dict[int, tuple[int, ...]] = {}  # seq id -> its tokens, as last seen
 
     def on_step_end(self, engine, out, outputs, end) -> None:
         scheduler = engine.scheduler
@@ -93,6 +109,27 @@ class InvariantChecker(EngineObserver):
         np.testing.assert_array_equal(bm.refcount, expected)
         cached = bm.prefix_cache.num_evictable if bm.prefix_cache is not None else 0
         assert len(bm._free) + len(refs) + cached == bm.num_usable_blocks
+        if bm.prefix_cache is not None and out.plan.sampling is not None and out.plan.sampling.spec_offsets:
+            self._check_cache_is_verified(engine, bm.prefix_cache)
+
+    def on_request_finished(self, engine, group, output) -> None:
+        for seq in group.seqs:
+            self.streams[seq.seq_id] = tuple(seq.token_ids)
+
+    def _check_cache_is_verified(self, engine, cache) -> None:
+        """After a verify step: every cached block's path in the radix tree spells a prefix of some
+        sequence's tokens (an ended sequence's kept in `streams`): no rejected draft got cached."""
+        for group in engine._groups.values():
+            for seq in group.seqs:
+                self.streams[seq.seq_id] = tuple(seq.token_ids)
+        stack = [(node, ()) for node in cache._roots.values()]
+        while stack:
+            node, spelled = stack.pop()
+            for key, child in node.children.items():
+                path = spelled + tuple(key)
+                assert any(stream[: len(path)] == path for stream in self.streams.values()), \
+                    f"cached block {child.block} holds tokens no sequence has: {path}"
+                stack.append((child, path))
 
 
 @st.composite
@@ -127,6 +164,10 @@ def scenarios(draw):
                                   max_model_len=64, preemption_mode=draw(st.sampled_from(["swap", "recompute"])),
                                   policy=draw(st.sampled_from(["paper", "chunked"])),
                                   long_prefill_token_threshold=draw(st.sampled_from([0, 5]))),
+        speculative=draw(st.sampled_from([SpeculativeConfig()] * 2 + [
+            SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=n,
+                              disable_by_batch_size=size)
+            for k, n, size in ((1, 1, None), (3, 2, None), (5, 3, 4))])),
         executor="sim")
     prefixes = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6]]
     actions = []

@@ -19,6 +19,7 @@ Pure Python + numpy: no jax import.
 
 from __future__ import annotations
 
+import array
 from typing import Hashable
 
 import numpy as np
@@ -289,6 +290,25 @@ class BlockManager:
             return
         self.release_blocks(self.rows.blocks_of(row))
         self.clear_row(row)
+
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Keeps the slots of the first `num_tokens` tokens of a resident sequence and gives back the
+        rest: a verify step's rejected drafts (jpaged.core.sched.speculation). Blocks past the kept
+        tokens were opened by that step for this sequence alone, so they go free (their
+        rejected tokens never reach the prefix cache, which takes full blocks of verified tokens
+        only: `cache_blocks` reads the trimmed count); the kept ones stay."""
+        rows = self.rows
+        row = rows.row_of(seq_id)
+        have = rows.token_cells[row]
+        if not 0 <= num_tokens <= have:
+            raise ValueError(f"trim: sequence {seq_id} holds {have} slots, cannot keep {num_tokens}")
+        keep, held = rows.blocks_for(num_tokens), rows.block_cells[row]
+        if keep < held:
+            base = row * rows.max_blocks_per_seq
+            self.release_blocks(rows.table_cells[base + keep: base + held].tolist())
+            rows.table_cells[base + keep: base + held] = array.array("i", bytes(4 * (held - keep)))
+            rows.block_cells[row] = keep
+        rows.token_cells[row] = num_tokens
 
     def fork(self, parent_id: int, child_id: int, num_blocks: int | None = None) -> int:
         """Gives `child_id` the parent's first `num_blocks` blocks (default all), shared (count + 1).

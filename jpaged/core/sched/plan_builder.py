@@ -42,6 +42,48 @@ def batch_plan(batch: PersistentBatch, state: np.ndarray, tables: np.ndarray, sw
                     swap_out_pairs=pairs_array(swap_out), seqs=seqs)
 
 
+def verify_plan(kv: KVCacheManager, seqs: list[Sequence], rows: np.ndarray, drafts: list[list[int]],
+                slots: np.ndarray, copies: list[tuple[int, int]]) -> StepPlan:
+    """A verify step (jpaged.core.sched.speculation): sequence i computes its last token and its
+    drafts `drafts[i]` (1 + k_i tokens, whose slots `append_slots` gave: `slots`, row after row),
+    and every one of those tokens has a logits row and a sample row, row j of sequence i
+    sampling position len(seq) + j. S is at least the token count, so the ragged step
+    (`StepPlan.to_ragged`) keeps a logits row per token."""
+    store = kv.rows
+    counts = [1 + len(d) for d in drafts]
+    n, total = len(seqs), sum(counts)
+    size_s = seq_bucket(total)
+    token_ids, positions, slot_mapping = np.zeros((3, token_bucket(total)), np.int32)
+    query_start_loc = np.full(size_s + 1, total, np.int32)
+    query_start_loc[0] = 0
+    np.cumsum(counts, out=query_start_loc[1: n + 1])
+    context_lens = np.zeros(size_s, np.int32)
+    context_lens[:n] = store.num_tokens.take(rows)  # (the slots just taken included)
+    every_position = arange(store.max_blocks_per_seq * kv.block_size)
+    sample_seqs: list[Sequence] = []
+    offsets: list[int] = []
+    checked: list[int] = []
+    for seq, draft, start, end, count in zip(seqs, drafts, query_start_loc[:n].tolist(), context_lens[:n].tolist(),
+                                             counts):
+        token_ids[start] = seq.token_ids[-1]
+        token_ids[start + 1: start + count] = draft
+        positions[start: start + count] = every_position[end - count: end]
+        sample_seqs += [seq] * count
+        offsets += range(count)
+        checked += draft + [-1]
+    slot_mapping[:total] = slots
+    block_tables = np.zeros((size_s, store.max_blocks_per_seq), np.int32)
+    block_tables[:n] = store.block_tables.take(rows, axis=0)
+    logits_indices = np.zeros(size_s, np.int32)
+    logits_indices[:total] = np.arange(total)
+    sampling = SampleRows(seqs=sample_seqs, logits_rows=logits_indices[:total], indices=None, num_top=0,
+                          is_plain=False, first_token_groups=[], spec_offsets=offsets, spec_drafts=checked)
+    return StepPlan(num_seqs=n, num_tokens=total, max_query_len=max(counts), token_ids=token_ids,
+                    positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
+                    context_lens=context_lens, block_tables=block_tables, logits_indices=logits_indices,
+                    sampling=sampling, copy_pairs=pairs_array(copies), seqs=list(seqs))
+
+
 class PlanBuilder:
     """Collects a step's scheduled rows, then lays them out as a padded StepPlan.
 

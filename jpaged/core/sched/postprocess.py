@@ -62,7 +62,9 @@ class Postprocessor:
                 group.first_token_time = now
             num_batch = rows.num_batch_rows
             batch_tokens = tokens if num_batch == len(tokens) else tokens[:num_batch]
-            if (rows.stop_tokens is not None and not self.num_logprobs and not self.num_constrained
+            if rows.spec_offsets is not None:
+                self._apply_verified(rows, tokens, logprobs, result, now)
+            elif (rows.stop_tokens is not None and not self.num_logprobs and not self.num_constrained
                     and rows.stop_tokens.isdisjoint(batch_tokens)):
                 # The steady state: no batch row samples a stop token, so their tokens are
                 # appended as they come, and only the rows known to reach their length limit end.
@@ -125,6 +127,31 @@ class Postprocessor:
             self._record_logprobs([seqs[r] for r in plain], plain, [tokens[r] for r in plain], logprobs, result)
         self._append_all([seqs[r] for r in plain], [tokens[r] for r in plain],
                          None if logprobs is None else [logprobs[r] for r in plain], now)
+
+    def _apply_verified(self, rows, tokens: list[int], logprobs: list[float] | None, result: ModelOutput,
+                        now: float) -> None:
+        """A verify step (jpaged.core.sched.speculation): per sequence, the drafts its samples
+        accept and the one token after them are appended one by one (each through the stop checks:
+        a stop ends the sequence there), once its slots past the verified tokens are given back."""
+        scheduler = self.scheduler
+        offsets, drafts = rows.spec_offsets, rows.spec_drafts
+        start, num_rows = 0, len(tokens)
+        while start < num_rows:
+            end = start + 1
+            while end < num_rows and offsets[end]:
+                end += 1
+            seq = rows.seqs[start]
+            accepted = scheduler.speculator.verified(drafts[start: end - 1], tokens[start:end])
+            if seq.group.finish_time is None and not seq.status.is_finished:  # (one that failed takes nothing)
+                # Slots of the tokens before the emitted ones: the verified history holds their K/V.
+                scheduler.block_manager.trim(seq.seq_id, len(seq.token_ids) + accepted)
+                for r in range(start, start + accepted + 1):
+                    if self.num_logprobs and logprobs is not None:
+                        self._record_logprobs([seq], [r], [tokens[r]], logprobs, result)
+                    self._append_all([seq], [tokens[r]], None if logprobs is None else [logprobs[r]], now)
+                    if seq.status.is_finished:
+                        break
+            start = end
 
     @staticmethod
     def _record_logprobs(seqs: list[Sequence], rows, tokens: list[int], logprobs: list[float],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Container, NamedTuple
 
-from jpaged.config import SchedulerConfig
+from jpaged.config import SchedulerConfig, SpeculativeConfig
 from jpaged.config.checks import check_float, check_str, check_token_ids, show
 from jpaged.core.kv.kv_manager import KVCacheManager
 from jpaged.core.kv.prefix_cache import NO_HIT
@@ -32,9 +32,11 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
                   cache_salt: Any, *,
                   scheduler: SchedulerConfig, kv: KVCacheManager, vocab_size: int | None, in_use: Container[str],
                   eos_token_ids: tuple[int, ...] = (), prompt_field: str = "prompt_token_ids",
-                  params_field: str = "sampling_params", subject: str | None = None) -> CheckedRequest:
+                  params_field: str = "sampling_params", subject: str | None = None,
+                  speculative: SpeculativeConfig | None = None) -> CheckedRequest:
     """Every argument of `LLMEngine.add_request` checked against its type and the engine's limits
-    (`scheduler`, the pool of `kv`, the model's vocabulary, its `eos_token_ids`; ids `in_use` are
+    (`scheduler`, the pool of `kv`, the model's vocabulary, its `eos_token_ids`, `speculative`
+    decoding; ids `in_use` are
     taken). Raises TypeError or ValueError naming the field (`prompt_field` / `params_field` as the
     caller calls them); errors about the prompt's length name it `subject` (default "request
     '<id>': prompt")."""
@@ -73,6 +75,9 @@ def check_request(request_id: Any, prompt_token_ids: Any, sampling_params: Any, 
         raise ValueError(f"{params_field}.structured_outputs: need a tokenizer (the text front end compiles them "
                          f"into a constraint); without one, give a TokenConstraint as constraint")
     _check_banned(sampling_params, eos_token_ids, params_field)
+    if sampling_params.use_beam_search and speculative is not None and speculative.enabled:
+        raise ValueError(f"{params_field}.use_beam_search: not supported with speculative decoding "
+                         f"(speculative.method={speculative.method!r}): beams rank every candidate of each step")
     n = sampling_params.n
     width, width_field = (n, "n") if sampling_params.best_of is None else (sampling_params.best_of, "best_of")
     if width > scheduler.max_num_seqs:

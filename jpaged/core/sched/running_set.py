@@ -93,8 +93,10 @@ class RunningSet:
         """Sequences that finished (or were aborted) leave the batch at the next step."""
         self._drops += seqs
 
-    def forked(self) -> None:
-        """A running sequence forked: the batch is rebuilt at the next step (rows keep group order)."""
+    def rebuild(self) -> None:
+        """The batch is rebuilt at the next step: a running sequence forked (rows keep group
+        order), or its sequences gained tokens otherwise than one a step (a verify step of
+        speculative decoding)."""
         self._batch = None
 
     # ------------------------------------------------------------------ the decode batch

@@ -32,14 +32,15 @@ from typing import Protocol
 
 import numpy as np
 
-from jpaged.config import CacheConfig, SchedulerConfig
+from jpaged.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.core.sched.admission import Admission
 from jpaged.core.kv.block_manager import BlockManager
 from jpaged.core.sched.persistent_batch import PersistentBatch
 from jpaged.core.kv.kv_manager import NO_CACHE_STATS, KVCacheManager
-from jpaged.core.sched.plan_builder import PlanBuilder, batch_plan
+from jpaged.core.sched.plan_builder import PlanBuilder, batch_plan, verify_plan
 from jpaged.core.sched.rejoin import Rejoin
 from jpaged.core.sched.running_set import RunningSet
+from jpaged.core.sched.speculation import Speculator
 from jpaged.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from jpaged.core.sched.step_draft import StepDraft
 from jpaged.core.step_plan import StepPlan, pairs_array
@@ -76,9 +77,11 @@ class Scheduler:
     """FCFS waiting queue, running set and swapped queue over one KV memory manager."""
 
     def __init__(self, config: SchedulerConfig, cache: CacheConfig, kv_manager: KVCacheManager | None = None,
-                 batching: BatchingRule | None = None):
+                 batching: BatchingRule | None = None, speculative: SpeculativeConfig | None = None):
         """`kv_manager`: the paged `BlockManager` of `cache` by default; `batching`: None for
-        iteration-level scheduling (groups join at any step), else the rule that gates admission."""
+        iteration-level scheduling (groups join at any step), else the rule that gates admission;
+        `speculative`: drafts verified in decode steps (jpaged.core.sched.speculation), None or
+        off: none."""
         self.config = config
         self.batching = batching
         self._admitting = True  # whether the step being scheduled may admit (the batching rule's answer)
@@ -98,6 +101,12 @@ class Scheduler:
         self.rejoin = Rejoin(self.block_manager)
         self.admission = Admission(config, self.block_manager, self.running_set, self.rejoin, self.chunk_limit)
         self.waiting = self.admission.waiting  # FCFS (the same deque)
+        self.speculator: Speculator | None = None
+        if speculative is not None and speculative.enabled:
+            if not isinstance(self.block_manager, BlockManager) or batching is not None:
+                raise ValueError(f"speculative.method: {speculative.method!r} needs the paged block manager and "
+                                 f"iteration-level batching, got {type(self.block_manager).__name__}")
+            self.speculator = Speculator(speculative, config.max_num_seqs, config.max_num_batched_tokens)
         self.num_preemptions = 0
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         self._seq_ids = 0
@@ -137,7 +146,7 @@ class Scheduler:
     def fork_seq(self, parent: Sequence, child: Sequence) -> None:
         """Shares the parent's blocks with a new sequence of the same group (count + 1)."""
         self.block_manager.fork(parent.seq_id, child.seq_id)
-        self.running_set.forked()
+        self.running_set.rebuild()
 
     def remove_finished(self) -> None:
         """Drops finished groups from the running list (after sequences finished)."""
@@ -208,7 +217,11 @@ class Scheduler:
         return SchedulerOutput(batch_plan(batch, *decoded), [], [], 0, held_back, batch), held_back
 
     def _passes(self) -> SchedulerOutput:
-        """The decode fast path, or the three passes."""
+        """A verify step, the decode fast path, or the three passes."""
+        if self.speculator is not None:
+            out = self._verify_step()
+            if out is not None:
+                return out
         out, held_back = self._steady_step()
         if out is not None:
             return out
@@ -227,6 +240,32 @@ class Scheduler:
         leading = builder.leading_batch if plan.sampling is not None and plan.sampling.num_batch_rows else None
         return SchedulerOutput(plan, step.admitted, step.rejected, step.num_preempted,
                                step.num_preempted > 0 or step.held_back, leading)
+
+    def _verify_step(self) -> SchedulerOutput | None:
+        """A decode step that verifies drafts (jpaged.core.sched.speculation): when the step would
+        be the running sequences' decodes alone (nothing partial or swapped, admission stopping at
+        once), some sequence has drafts and the blocks for them are free. Else None, and nothing
+        changed: the step runs without speculation (which preempts, if blocks are short)."""
+        running_set = self.running_set
+        if not running_set.groups or running_set.partial or self.swapped:
+            return None
+        batch = running_set.current()
+        tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
+        held_back = self.admission.blocked(self._admitting, tokens_left)
+        if held_back is None or not batch.seqs:
+            return None
+        drafts = self.speculator.drafts(batch.seqs)
+        if drafts is None:
+            return None
+        rows = batch.rows
+        appended = self.block_manager.append_slots(rows, np.array([1 + len(d) for d in drafts], np.int64))
+        if appended is None:
+            return None
+        batch.advance()
+        # Its sequences gain up to k + 1 tokens: the kept batch's length limits count one a step.
+        running_set.rebuild()
+        plan = verify_plan(self.block_manager, list(batch.seqs), rows, drafts, *appended)
+        return SchedulerOutput(plan, [], [], 0, held_back is True)
 
     def _schedule_running(self, step: StepDraft) -> None:
         """Pass 1: decode tokens of running groups, then chunks of partly prefilled ones. The

@@ -30,13 +30,16 @@ def _rows_of_groups(rows: SampleRows) -> dict[SequenceGroup, list[int]]:
 
 def subset(rows: SampleRows, keep: list[int]) -> SampleRows:
     """The sample rows `keep` of `rows` (a new SampleRows; its batch is built afresh; the batch's
-    stop shortcut is not kept, so the rows go through the row-by-row stop checks)."""
+    stop shortcut is not kept, so the rows go through the row-by-row stop checks). A verify step's
+    rows are kept or dropped a whole sequence at a time (by sequence or by request)."""
     seqs = [rows.seqs[r] for r in keep]
     groups = {id(s.group) for s in seqs}
     return SampleRows(seqs=seqs, logits_rows=rows.logits_rows[keep],
                       indices=None if rows.indices is None else [rows.indices[r] for r in keep],
                       num_top=rows.num_top, is_plain=rows.is_plain,
-                      first_token_groups=[g for g in rows.first_token_groups if id(g) in groups])
+                      first_token_groups=[g for g in rows.first_token_groups if id(g) in groups],
+                      spec_offsets=None if rows.spec_offsets is None else [rows.spec_offsets[r] for r in keep],
+                      spec_drafts=None if rows.spec_drafts is None else [rows.spec_drafts[r] for r in keep])
 
 
 def failing_groups(rows: SampleRows) -> dict[SequenceGroup, str]:

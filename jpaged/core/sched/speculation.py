@@ -1,0 +1,135 @@
+"""Speculative decoding's host half: drafts, the verify step's acceptance rule and its counters.
+
+A decoding sequence of L tokens holds the KV of its first L - 1; its next step computes token L - 1.
+With speculation, a proposer drafts d_1..d_k (`ngram_draft`: prompt lookup), and one verify step
+computes the k + 1 tokens t_{L-1}, d_1..d_k, writing their K/V into slots reserved like any
+prompt chunk's (`BlockManager.append_slots`: new blocks, copy-on-write of a shared last block).
+Row j of the sequence samples position L + j as a decode would (`x_j`, drawn from the target
+model's distribution with the key (seed, stream, L + j)). The drafts are accepted while they equal
+those samples (`accepted_length`): with a = the accepted count the step emits d_1..d_a and x_a
+(the correction where d_{a+1} was rejected, the bonus token where all were accepted), and the
+slots past the verified tokens are given back (`BlockManager.trim`).
+
+Why this is the standard rule (Leviathan et al. 2023; Chen et al. 2023) and exact: a draft that is
+one token (a point mass q = 1[d]) is accepted with probability min(1, p(d) / q(d)) = p(d), and on
+rejection the standard rule samples from norm(max(0, p - q)), which is p without d. Drawing x ~ p
+and accepting when x == d gives the same: accepted with probability p(d), and x given x != d is p
+without d. (vLLM's rejection sampler treats n-gram drafts as one-hot the same way.) Because x_j is
+the very draw a decode of position L + j makes, a sequence's tokens with speculation are the
+tokens it gets without: greedy and seeded sampling alike, up to the floating-point difference of
+scoring k + 1 tokens in one step instead of one per step.
+
+Rows whose sampling reads the sequence's own history (penalties, logit_bias with bad words,
+min_tokens, allowed ids, grammars) get no drafts: their row j would need the history extended by
+d_1..d_j. They decode one token in the verify step beside the others. Pure Python + numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from jpaged.config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from jpaged.core.sequence import Sequence
+
+
+def ngram_draft(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Prompt lookup: for n from `max_n` down to `min_n`, the latest earlier occurrence of the last
+    n tokens of `token_ids` proposes the (at most `k`) tokens that followed it; [] when no suffix
+    of those lengths occurs earlier."""
+    tokens = np.asarray(token_ids, dtype=np.int32)
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        # windows[i] = tokens[i : i + n] for the starts i <= length - n - 1 that leave a token after
+        # them before the suffix itself.
+        windows = sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return tokens[start: start + k].tolist()
+    return []
+
+
+def accepted_length(drafts: list[int], sampled: list[int]) -> int:
+    """How many leading drafts the verify step accepts: `sampled[j]` is the target's draw at the
+    position `drafts[j]` proposes (len(sampled) == len(drafts) + 1); the step emits
+    `sampled[: a + 1]`."""
+    a = 0
+    while a < len(drafts) and sampled[a] == drafts[a]:
+        a += 1
+    return a
+
+
+@dataclasses.dataclass
+class SpecStats:
+    """Counters of verify steps, as vLLM's spec-decode metrics name them."""
+
+    num_drafts: int = 0  # sequence-steps that verified a draft (vllm:spec_decode_num_drafts)
+    num_draft_tokens: int = 0  # tokens drafted (vllm:spec_decode_num_draft_tokens)
+    num_accepted_tokens: int = 0  # drafted tokens accepted (vllm:spec_decode_num_accepted_tokens)
+    # [k] accepted drafts by position in the draft (vllm:spec_decode_num_accepted_tokens_per_pos)
+    accepted_per_pos: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verify step emits per sequence on average: 1 + accepted drafts per draft
+        (vLLM's definition; 0 before any draft)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def as_dict(self) -> dict:
+        """The counters by name, with the mean acceptance length."""
+        return {"spec_num_drafts": self.num_drafts, "spec_num_draft_tokens": self.num_draft_tokens,
+                "spec_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_accepted_per_pos": list(self.accepted_per_pos),
+                "spec_mean_acceptance_length": self.mean_acceptance_length}
+
+
+class Speculator:
+    """Decides each decode step's drafts and counts what the verify steps accepted."""
+
+    def __init__(self, config: SpeculativeConfig, max_num_seqs: int, max_num_batched_tokens: int):
+        if not config.enabled:
+            raise ValueError("speculative.method: None (speculation off) needs no Speculator")
+        self.config = config
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
+
+    def drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
+        """Each decoding sequence's drafts for the next step ([] for one that drafts nothing), or
+        None when the step should run without speculation: at or above `disable_by_batch_size`
+        sequences, where k + 1 rows per sequence would pass the sampler's rows (max_num_seqs) or
+        the token budget, or when no sequence has a draft."""
+        config, n = self.config, len(seqs)
+        if config.disable_by_batch_size is not None and n >= config.disable_by_batch_size:
+            return None
+        k = min(config.num_speculative_tokens, self.max_num_seqs // n - 1, self.max_num_batched_tokens // n - 1)
+        if k < 1:
+            return None
+        drafts = []
+        for seq in seqs:
+            group = seq.group
+            # Each accepted draft and the step's own token must fit max_tokens (and so max_model_len).
+            room = min(k, group.max_total_len - len(seq.token_ids) - 1)
+            if room < 1 or group.has_controls or seq.constraint is not None:
+                drafts.append([])
+                continue
+            drafts.append(ngram_draft(seq.token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max))
+        return drafts if any(drafts) else None
+
+    def verified(self, drafts: list[int], sampled: list[int]) -> int:
+        """The accepted count of one sequence's drafts (`accepted_length`), counted in `stats`."""
+        a = accepted_length(drafts, sampled)
+        if drafts:
+            stats = self.stats
+            stats.num_drafts += 1
+            stats.num_draft_tokens += len(drafts)
+            stats.num_accepted_tokens += a
+            for j in range(a):
+                stats.accepted_per_pos[j] += 1
+        return a

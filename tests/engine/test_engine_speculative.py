@@ -1,0 +1,89 @@
+"""Speculative decoding on the real model: the same tokens as without it, greedy and seeded
+sampling alike (with n > 1, logprobs, stop ids and max_tokens), through preemption by recompute
+and by swap, and with the prefix cache (whose blocks then give the same outputs again); every
+block comes back. The drafts must be accepted and rejected for these to mean anything: each test
+checks both happened."""
+
+import numpy as np
+import pytest
+
+from jpaged.config import SpeculativeConfig
+from jpaged.core.sequence import SamplingParams
+from tests.helpers.tiny_engines import make_engine, run_to_end
+
+NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+# Prompts that repeat themselves, so that prompt lookup has something to propose.
+PROMPTS = [[5, 6, 7, 8, 9] * 4, [11, 12, 13] * 5 + [14], [3, 4] * 9, list(range(20, 44))]
+
+
+def _params(i: int) -> SamplingParams:
+    """Greedy, seeded sampling with logprobs, two seeded samples, greedy with a stop id."""
+    return [SamplingParams(max_tokens=24, ignore_eos=True),
+            SamplingParams(max_tokens=20, temperature=1.0, seed=3, logprobs=2, ignore_eos=True),
+            SamplingParams(n=2, max_tokens=18, temperature=0.8, seed=5, ignore_eos=True),
+            SamplingParams(max_tokens=24, stop_token_ids=(7,), ignore_eos=True)][i % 4]
+
+
+def _serve(engine, prompts=PROMPTS, tag=""):
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}{i}", prompt, _params(i))
+    outputs = run_to_end(engine, max_steps=600)
+    assert engine.kv_stats()["num_free_blocks"] == engine.kv_stats()["num_total_blocks"]
+    return [outputs[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+def _same(spec_outputs, plain_outputs):
+    for spec, plain in zip(spec_outputs, plain_outputs):
+        assert [c.token_ids for c in spec.outputs] == [c.token_ids for c in plain.outputs]
+        assert [c.finish_reason for c in spec.outputs] == [c.finish_reason for c in plain.outputs]
+        for a, b in zip(spec.outputs, plain.outputs):
+            if b.logprobs is not None:
+                assert [list(e) for e in a.logprobs] == [list(e) for e in b.logprobs]
+                np.testing.assert_allclose([v for e in a.logprobs for v in e.values()],
+                                           [v for e in b.logprobs for v in e.values()], rtol=1e-4, atol=1e-4)
+
+
+def _accepted_and_rejected(engine):
+    stats = engine.kv_stats()
+    assert stats["spec_num_accepted_tokens"] > 0, "no draft was accepted: the test checks nothing"
+    assert stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"], "no draft was rejected"
+
+
+def _extended(outputs):
+    """PROMPTS extended by the first 12 tokens of their first outputs."""
+    return [p + o.outputs[0].token_ids[:12] for p, o in zip(PROMPTS, outputs)]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    """The outputs without speculation: of PROMPTS, then of `_extended` PROMPTS. (make_engine's
+    defaults, here and below: the programs other engine tests compile.)"""
+    engine = make_engine()
+    first = _serve(engine)
+    return first, _serve(engine, _extended(first), tag="b")
+
+
+def test_outputs_equal_those_without_speculation(plain_outputs):
+    engine = make_engine(speculative=NGRAM)
+    _same(_serve(engine), plain_outputs[0])
+    _accepted_and_rejected(engine)
+    assert engine.kv_stats()["spec_mean_acceptance_length"] > 1.0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_in_the_middle_of_speculation_loses_nothing(plain_outputs, mode):
+    # 12 blocks of 8 slots for 5 sequences of up to 44 tokens: groups are preempted and resumed.
+    engine = make_engine(num_blocks=13, preemption_mode=mode, speculative=NGRAM)
+    _same(_serve(engine), plain_outputs[0])
+    assert engine.kv_stats()["num_preemptions"] > 0
+    _accepted_and_rejected(engine)
+
+
+def test_prefix_cache_blocks_written_by_verify_steps_serve_again(plain_outputs):
+    engine = make_engine(prefix_caching=True, speculative=NGRAM)
+    first = _serve(engine)
+    _same(first, plain_outputs[0])
+    # The prompts extended by their outputs: the blocks verify steps wrote hit, and read right.
+    _same(_serve(engine, _extended(first), tag="b"), plain_outputs[1])
+    assert engine.kv_stats()["prefix_cached_tokens"] > sum(map(len, PROMPTS))
+    _accepted_and_rejected(engine)
