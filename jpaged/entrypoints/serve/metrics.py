@@ -21,11 +21,18 @@ vLLM v1's (vllm/v1/metrics/loggers.py and buckets.py), labelled `model_name` and
   `--num-host-cache-blocks`): `jpaged:host_cache_usage_perc`, `jpaged:host_cache_promotions`
   (blocks brought back to the device by a match), `jpaged:host_cache_offloads`,
   `jpaged:host_cache_evictions` (docs/notes/host-tier.md); `jpaged:requests_shed`: generation
-  requests refused with 503 because `--max-queued-requests` were waiting (serve/limits.py).
+  requests refused with 503 because `--max-queued-requests` were waiting (serve/limits.py);
+- with speculative decoding, vLLM v1's spec-decode counters: `vllm:spec_decode_num_drafts`
+  (sequence-steps that verified drafts), `vllm:spec_decode_num_draft_tokens`,
+  `vllm:spec_decode_num_accepted_tokens` and `vllm:spec_decode_num_accepted_tokens_per_pos`
+  (labelled `position`, 0-based); a verify step counts the tokens it emits as generation tokens
+  (each sequence's accepted drafts and its one sampled token), not its sample rows.
 Times are the executor's clock (wall time for the real model), from the request's arrival.
 """
 
 from __future__ import annotations
+
+import logging
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -37,6 +44,8 @@ from jpaged.core.sequence import SequenceGroup
 from jpaged.core.step_plan import ModelOutput
 from jpaged.engine import EngineObserver, LLMEngine
 
+log = logging.getLogger(__name__)
+
 # vLLM v1's buckets (seconds), vllm/v1/metrics/buckets.py.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -45,6 +54,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                            240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+SPEC_LOG_INTERVAL_S = 10.0  # how often the spec-decode acceptance is logged (vLLM's stat logger interval)
 
 
 class PrometheusObserver(EngineObserver):
@@ -55,6 +65,7 @@ class PrometheusObserver(EngineObserver):
         self.registry = registry or CollectorRegistry()
         names = ["model_name", "engine"]
         values = (model_name, "0")
+        self._labels = names, values  # (the spec-decode counters are made at `attach`)
 
         def make(kind, name, doc, **kw):
             return kind(name, doc, labelnames=names, registry=self.registry, **kw).labels(*values)
@@ -91,6 +102,10 @@ class PrometheusObserver(EngineObserver):
                                                ("evictions", "host blocks dropped"))}
         self.shed = make(Counter, "jpaged:requests_shed",
                          "Generation requests refused (503) because --max-queued-requests were waiting.")
+        self._spec: dict[str, Counter] | None = None  # spec-decode counters (attach: when speculation is on)
+        self._spec_per_pos: list[Counter] = []
+        self._spec_counts: dict = {}  # the speculator's cumulative counts when last read
+        self._spec_logged: tuple[float, dict] | None = None  # (clock, counts) at the last acceptance log
         self._cache_counts: dict[str, int] = {}  # the cache's cumulative counts when last read
         self._last_token: dict[str, float] = {}  # request id -> when its last token came (ITL)
         self._cached_tokens = 0  # the scheduler's prefix-hit count when last read
@@ -102,12 +117,26 @@ class PrometheusObserver(EngineObserver):
             stats = engine.prefix_cache_stats()
             self._cache_counts = {"evictions_device": stats["prefix_cache_evictions"],
                                   **{key: stats[f"host_cache_{key}"] for key in self.host_counters}}
+        if engine.scheduler.speculator is not None:
+            names, values = self._labels
+            self._spec = {key: Counter(f"vllm:spec_decode_{key}", doc, labelnames=names,
+                                       registry=self.registry).labels(*values)
+                          for key, doc in (("num_drafts", "Number of spec decoding drafts."),
+                                           ("num_draft_tokens", "Number of draft tokens."),
+                                           ("num_accepted_tokens", "Number of accepted tokens."))}
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              labelnames=[*names, "position"], registry=self.registry)
+            self._spec_per_pos = [per_pos.labels(*values, str(i))
+                                  for i in range(engine.config.speculative.num_speculative_tokens)]
+            self._spec_counts = engine.spec_decode_stats()
+            self._spec_logged = engine.executor.now(), self._spec_counts
         self._read_gauges(engine)  # the gauges hold from now on (pinned prefixes were stored before serving)
         engine.observers.append(self)
 
     def on_step_executed(self, engine: LLMEngine, out: SchedulerOutput, result: ModelOutput, start: float,
                          end: float) -> None:
-        self.generation_tokens.inc(len(result.token_ids))
+        if out.plan.sampling is None or out.plan.sampling.spec_offsets is None:  # (a verify step's: on_step_end)
+            self.generation_tokens.inc(len(result.token_ids))
         if out.num_preempted:
             self.preemptions.inc(out.num_preempted)
         self._count_prefix_cache(engine, out)
@@ -151,7 +180,41 @@ class PrometheusObserver(EngineObserver):
             self.tpot.observe((group.finish_time - group.first_token_time) / (num_output - 1))
 
     def on_step_end(self, engine: LLMEngine, out: SchedulerOutput, outputs: list[RequestOutput], end: float) -> None:
+        if self._spec is not None:
+            self._count_spec_decode(engine, out)
+            if end - self._spec_logged[0] >= SPEC_LOG_INTERVAL_S:
+                self._log_spec_decode(end)
         self._read_gauges(engine)
+
+    def _log_spec_decode(self, now: float) -> None:
+        """Logs the acceptance of the drafts verified since the last log (vLLM's SpecDecoding line)."""
+        then, before = self._spec_logged
+        stats = self._spec_counts
+        drafts = stats["spec_num_drafts"] - before["spec_num_drafts"]
+        if drafts:
+            drafted = stats["spec_num_draft_tokens"] - before["spec_num_draft_tokens"]
+            accepted = stats["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
+            per_pos = [(a - b) / drafts for a, b in zip(stats["spec_accepted_per_pos"], before["spec_accepted_per_pos"])]
+            log.info("SpecDecoding metrics: mean acceptance length %.2f, accepted %d of %d drafted tokens "
+                     "(%.1f%%), %d drafts in %.0f s, per-position acceptance rate %s", 1 + accepted / drafts,
+                     accepted, drafted, 100 * accepted / max(drafted, 1), drafts, now - then,
+                     ", ".join(f"{rate:.3f}" for rate in per_pos))
+        self._spec_logged = now, stats
+
+    def _count_spec_decode(self, engine: LLMEngine, out: SchedulerOutput) -> None:
+        """The spec-decode counters advance by the speculator's counts since the last step; a
+        verify step's generation tokens are its sequences' emitted ones."""
+        stats, before = engine.spec_decode_stats(), self._spec_counts
+        for key, counter in self._spec.items():
+            counter.inc(stats[f"spec_{key}"] - before[f"spec_{key}"])
+        for counter, now, then in zip(self._spec_per_pos, stats["spec_accepted_per_pos"],
+                                      before["spec_accepted_per_pos"]):
+            counter.inc(now - then)
+        rows = out.plan.sampling
+        if rows is not None and rows.spec_offsets is not None:
+            accepted = stats["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
+            self.generation_tokens.inc(rows.spec_offsets.count(0) + accepted)
+        self._spec_counts = stats
 
     def _read_gauges(self, engine: LLMEngine) -> None:
         """The queues, KV usage and prefix-cache series as the engine stands now."""

@@ -1,0 +1,173 @@
+"""Speculative decoding against the same engine without it, offline, through the real engine.
+
+    python -m experiments.bench.spec_decode --config configs/spec_decode.yaml
+
+Two workloads on the asset model: `code_edit`, where copying pays (each prompt holds a piece of a
+held-out standard-library file and then its first lines again, so the answer repeats code the
+prompt contains), and `random` (random token prompts, the workload of vLLM's random benchmark).
+At each batch size, `LLM.generate` serves the first B prompts of the workload (greedy,
+`ignore_eos`, the same output length) on two engines built alike but for the `speculative:`
+section: without speculation and with each speculative config. One warm-up run per engine and
+batch compiles its shapes; then the engines run interleaved, each repeat rotating which goes
+first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
+average, and for speculation the drafts, drafted and accepted tokens (acceptance length = 1 +
+accepted / drafts). Per (workload, batch, config): the median over repeats of each run's output
+tok/s over the plain engine's in the same repeat. Saved to results/spec_decode.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.lm import corpus
+from jpaged.core.sequence import SamplingParams
+from jpaged.entrypoints.llm import LLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecDecodeConfig:
+    """The model, its engine arguments, the speculative configs, the workloads and the batches."""
+
+    model: str = "assets/stdlib-lm"
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # engine arguments (jpaged.entrypoints.engine_args)
+    # name -> speculative_config (vLLM's dict); each is compared with the engine without speculation
+    speculative: dict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=lambda: {"ngram_k4": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                              "prompt_lookup_min": 2}})
+    workloads: tuple[str, ...] = ("code_edit", "random")
+    batch_sizes: tuple[int, ...] = (1, 8, 64)
+    code_tokens: int = 200  # code_edit: tokens of code in the prompt, then its first `repeat_tokens` again
+    repeat_tokens: int = 16
+    prompt_len: int = 128  # random: prompt tokens
+    output_len: int = 128
+    repeats: int = 3
+    holdout_every: int = 20  # code_edit reads the files the asset model did not train on (configs/train_lm.yaml)
+    seed: int = 0
+    output: str = "results/spec_decode.json"
+
+    def __post_init__(self) -> None:
+        if min(self.repeats, self.output_len, self.prompt_len, self.code_tokens, self.repeat_tokens,
+               *self.batch_sizes) < 1:
+            raise ValueError("repeats, output_len, prompt_len, code_tokens, repeat_tokens and batch_sizes must be >= 1")
+        unknown = set(self.workloads) - {"code_edit", "random"}
+        if unknown:
+            raise ValueError(f"workloads: unknown {sorted(unknown)}; allowed: code_edit, random")
+
+
+def code_edit_prompts(llm: LLM, config: SpecDecodeConfig, count: int) -> list[list[int]]:
+    """`count` prompts of held-out stdlib code: `code_tokens` tokens of a file's text, a blank
+    line, then the first `repeat_tokens` of them again (the answer continues the repeat)."""
+    tokenizer = llm.get_tokenizer()
+    _, held_out = corpus.split(corpus.corpus_files("*.py"), config.holdout_every)
+    prompts = []
+    for text in corpus.read_texts(held_out):
+        ids = tokenizer.encode(text)
+        for start in range(0, len(ids) - config.code_tokens, config.code_tokens):
+            code = ids[start: start + config.code_tokens]
+            prompts.append(code + tokenizer.encode("\n\n") + code[: config.repeat_tokens])
+            if len(prompts) == count:
+                return prompts
+    raise ValueError(f"the held-out files give fewer than {count} prompts of {config.code_tokens} tokens")
+
+
+def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict:
+    """One timed LLM.generate of `prompts`, with the speculator's counts over it."""
+    load_before = os.getloadavg()
+    before = llm.engine.spec_decode_stats()
+    cpu, start = time.process_time(), time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result = {"output_tokens": tokens, "wall_s": wall, "cpu_s": cpu, "output_tok_s": tokens / wall,
+              "load_average_before": load_before, "load_average_after": os.getloadavg()}
+    after = llm.engine.spec_decode_stats()
+    if after:
+        drafts = after["spec_num_drafts"] - before["spec_num_drafts"]
+        accepted = after["spec_num_accepted_tokens"] - before["spec_num_accepted_tokens"]
+        result.update(drafts=drafts, draft_tokens=after["spec_num_draft_tokens"] - before["spec_num_draft_tokens"],
+                      accepted_tokens=accepted, acceptance_length=1 + accepted / drafts if drafts else None)
+    return result
+
+
+def run(config: SpecDecodeConfig) -> dict:
+    """Warm-ups, then interleaved timed runs of each engine at each (workload, batch); returns and
+    writes the per-repeat ratios and their medians."""
+    engines = {"off": LLM(config.model, warmup=False, **config.engine)}
+    for name, spec in config.speculative.items():
+        engines[name] = LLM(config.model, warmup=False, speculative_config=spec, **config.engine)
+    most = max(config.batch_sizes)
+    rng = np.random.default_rng(config.seed)
+    vocab = engines["off"].engine.vocab_size
+    workloads = {"code_edit": lambda: code_edit_prompts(engines["off"], config, most),
+                 "random": lambda: rng.integers(0, vocab, (most, config.prompt_len)).tolist()}
+    params = SamplingParams(max_tokens=config.output_len, ignore_eos=True)
+    names = list(engines)
+    runs: list[dict] = []
+    points = [(w, b) for w in config.workloads for b in config.batch_sizes]
+    bar = tqdm(total=len(points) * len(names) * (config.repeats + 1), desc="runs")
+    prompts_of = {w: workloads[w]() for w in config.workloads}
+    for workload, batch in points:
+        prompts = prompts_of[workload][:batch]
+        for name in names:  # warm-up: each engine compiles this batch's shapes
+            run_once(engines[name], prompts, params)
+            bar.update()
+        for repeat in range(config.repeats):
+            shift = repeat % len(names)
+            for name in names[shift:] + names[:shift]:  # rotate who goes first
+                result = run_once(engines[name], prompts, params)
+                runs.append({"workload": workload, "batch": batch, "repeat": repeat, "engine": name, **result})
+                bar.update()
+                bar.set_postfix(workload=workload, batch=batch, engine=name, tok_s=f"{result['output_tok_s']:.0f}")
+    bar.close()
+    summary = summarise(config, runs, names)
+    result = {"summary": summary, "runs": runs, "provenance": provenance(config, seed=config.seed)}
+    write_json(REPO_ROOT / config.output, result)
+    return result
+
+
+def summarise(config: SpecDecodeConfig, runs: list[dict], names: list[str]) -> list[dict]:
+    """Per (workload, batch, speculative config): median tok/s of both engines, the median of the
+    per-repeat ratios (wall and CPU), and the acceptance length; printed as a table."""
+    def of(workload, batch, repeat, name):
+        return next(r for r in runs if (r["workload"], r["batch"], r["repeat"], r["engine"]) ==
+                    (workload, batch, repeat, name))
+
+    rows = []
+    print(f"{'workload':<11}{'batch':>6}{'config':>12}{'off tok/s':>11}{'spec tok/s':>12}{'speedup':>9}"
+          f"{'cpu ratio':>11}{'accept len':>12}")
+    for workload in config.workloads:
+        for batch in config.batch_sizes:
+            for name in names[1:]:
+                pairs = [(of(workload, batch, i, "off"), of(workload, batch, i, name)) for i in range(config.repeats)]
+                lengths = [s["acceptance_length"] for _, s in pairs if s["acceptance_length"] is not None]
+                row = {"workload": workload, "batch": batch, "speculative": name,
+                       "off_tok_s_median": statistics.median(o["output_tok_s"] for o, _ in pairs),
+                       "spec_tok_s_median": statistics.median(s["output_tok_s"] for _, s in pairs),
+                       "speedup_median": statistics.median(s["output_tok_s"] / o["output_tok_s"] for o, s in pairs),
+                       "speedups": [s["output_tok_s"] / o["output_tok_s"] for o, s in pairs],
+                       # CPU per output token, off over speculative: > 1 when speculation saves CPU too
+                       "cpu_ratio_median": statistics.median((o["cpu_s"] / o["output_tokens"]) /
+                                                             (s["cpu_s"] / s["output_tokens"]) for o, s in pairs),
+                       "acceptance_length_median": statistics.median(lengths) if lengths else None}
+                rows.append(row)
+                length = row["acceptance_length_median"]
+                print(f"{workload:<11}{batch:>6}{name:>12}{row['off_tok_s_median']:11.0f}{row['spec_tok_s_median']:12.0f}"
+                      f"{row['speedup_median']:9.2f}{row['cpu_ratio_median']:11.2f}"
+                      f"{'-' if length is None else f'{length:.2f}':>12}")
+    return rows
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    main(__doc__.splitlines()[0], SpecDecodeConfig, run, "configs/spec_decode.yaml")
