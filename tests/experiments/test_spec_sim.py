@@ -1,0 +1,32 @@
+"""experiments.spec_sim end to end on one panel and a few batches."""
+
+import json
+
+import pytest
+
+from experiments import spec_sim
+from experiments.spec_sim import Proposer, SpecSimConfig
+
+
+def test_run_one_panel(tmp_path):
+    config = SpecSimConfig(panels=["configs/throughput_opt13b_sharegpt.yaml"], batches=[1, 8, 64], ks=[4],
+                           acceptance_rates=[0.5, 0.9], max_search_batch=256, length_samples=2000,
+                           proposers=[Proposer("ngram"), Proposer("draft", "opt-125m")],
+                           output=str(tmp_path / "s.json"), figure=str(tmp_path / "s.png"))
+    result = spec_sim.run(config)
+    assert json.loads((tmp_path / "s.json").read_text())["panels"][0]["crossovers"] == result["panels"][0]["crossovers"]
+    assert (tmp_path / "s.png").stat().st_size > 0
+    (panel,) = result["panels"]
+    assert panel["kv_blocks"] == 983 and 350 < panel["context"] < 500  # ShareGPT: 161 in + 338 out on average
+    rows = {(c["proposer"], c["acceptance"]): c for c in panel["crossovers"]}
+    assert rows["ngram", 0.9]["speedup_batch_1"] > 3.5  # weight-bound: close to 4.1 tokens per step
+    assert rows["draft", 0.5]["max_batch"] < rows["ngram", 0.5]["max_batch"] <= rows["ngram", 0.5]["max_batch_plain"]
+    assert rows["draft", 0.5]["crossover_batch"] is not None and not rows["draft", 0.5]["pays_at_every_batch_that_fits"]
+    assert "| opt-13b (1x a100-40gb) | draft | 4 | 0.5 |" in spec_sim.markdown(result)
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="acceptance_rates"):
+        SpecSimConfig(acceptance_rates=[1.0])
+    with pytest.raises(ValueError, match="ks"):
+        SpecSimConfig(ks=[0])
