@@ -1,15 +1,19 @@
 """Speculative decoding on the paper's A100s, modelled: decode throughput vs batch size with and without it.
 
-For each Fig. 12 ShareGPT panel (OPT-13B on 1x A100-40GB, OPT-66B on 4x A100-40GB, OPT-175B on
-8x A100-80GB; model, GPUs, TP and KV pool read from the panel's config) the simulator's cost model
+For each Fig. 12 panel listed (by default the ShareGPT ones, OPT-13B on 1x A100-40GB, OPT-66B on
+4x A100-40GB, OPT-175B on 8x A100-80GB, and OPT-13B on Alpaca's short requests; model, dataset,
+GPUs, TP and KV pool read from the panel's config) the simulator's cost model
 (jpaged/paper/sim/speculative.py) prices a steady batch of B sequences at the dataset's mean decode
 context: plain decode steps (k = 0), and speculative steps of k drafted tokens per sequence, drafted
 by each proposer (n-gram: no device work; a draft model: k decode steps of it), then verified in one
-target step. Output tok/s = B x (1 - a^(k + 1)) / (1 - a) / step seconds at per-token acceptance a.
+target step (one multi-query row per sequence, as vLLM's MQA scorer and V1 do). Output tok/s =
+B x (1 - a^(k + 1)) / (1 - a) / step seconds at per-token acceptance a.
 Per (panel, proposer, k, a): the crossover, the smallest batch at which speculation's tok/s is no
 higher than plain decoding's (the measured basis for a `disable_by_batch_size` threshold), beside
-the largest batch the KV pool holds (each sequence holding its k drafted slots; a draft model's KV
-and weights share the pool) and the speedup there.
+the largest batch that runs (the KV pool's, each sequence holding its k drafted slots and a draft
+model's KV and weights sharing the pool, or the panel's max_num_seqs if smaller) and the speedup there.
+Beside them, the anchor: the modelled verify step against vLLM's published scoring times on an A100
+(both of its scorers), with and without the host line, at contexts bracketing the unstated one.
 
     python -m experiments.spec_sim --config configs/spec_sim.yaml
 """
@@ -30,7 +34,7 @@ from experiments.common import REPO_ROOT, provenance, write_json
 from jpaged.config import config_from_dict
 from jpaged.config.presets import get_preset
 from jpaged.paper.sim.config import SimConfig
-from jpaged.paper.sim.cost_model import CostModel
+from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
 from jpaged.paper.sim.gpus import get_gpu
 from jpaged.paper.sim.speculative import (SpeculativeCostModel, expected_tokens, max_batch,
                                           pool_blocks_with_draft)
@@ -51,15 +55,36 @@ class Proposer:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScorerAnchor:
+    """vLLM's measured verify-step ("scoring") times on an A100, to set the modelled verify step beside."""
+
+    source: str = ""  # where the numbers were published
+    model: str = "llama-7b"  # preset of the measured target model
+    gpu: str = "a100-80gb"  # jpaged.paper.sim.gpus name of the measured GPU
+    k: int = 5  # drafted tokens per sequence
+    batches: list[int] = dataclasses.field(default_factory=list)  # sequences per step
+    mqa_ms: list[float] = dataclasses.field(default_factory=list)  # measured multi-query scorer, per batch
+    batch_expansion_ms: list[float] = dataclasses.field(default_factory=list)  # measured batch expansion, per batch
+    contexts: list[int] = dataclasses.field(default_factory=lambda: [128, 512])  # modelled contexts (unstated there)
+
+    def __post_init__(self) -> None:
+        if not len(self.batches) == len(self.mqa_ms) == len(self.batch_expansion_ms) or not self.batches:
+            raise ValueError("anchor.batches, anchor.mqa_ms and anchor.batch_expansion_ms must have one entry "
+                             "per batch")
+
+
+@dataclasses.dataclass(frozen=True)
 class SpecSimConfig:
     """The panels, batch sizes, draft lengths, acceptance rates and proposers to model."""
 
     panels: list[str] = dataclasses.field(default_factory=lambda: [
-        f"configs/throughput_{m}_sharegpt.yaml" for m in ("opt13b", "opt66b", "opt175b")])  # model, GPUs, pool
+        *(f"configs/throughput_{m}_sharegpt.yaml" for m in ("opt13b", "opt66b", "opt175b")),
+        "configs/throughput_opt13b_alpaca.yaml"])  # model, dataset, GPUs, pool
     batches: list[int] = dataclasses.field(default_factory=lambda: [2**i for i in range(9)])  # figure's x, sequences
     ks: list[int] = dataclasses.field(default_factory=lambda: [2, 4])  # drafted tokens per sequence per step
     acceptance_rates: list[float] = dataclasses.field(default_factory=lambda: [0.5, 0.7, 0.9])  # per token, i.i.d.
     proposers: list[Proposer] = dataclasses.field(default_factory=lambda: [Proposer("ngram")])
+    anchor: ScorerAnchor | None = None  # measured verify steps to compare the model with; None: none
     max_search_batch: int = 1024  # crossovers are searched over batches 1..this
     length_samples: int = 200_000  # sampled requests for the dataset's mean decode context
     seed: int = 0  # seeds the length samples
@@ -98,7 +123,7 @@ def _panel(path: str) -> dict:
     data = yaml.safe_load((REPO_ROOT / path).read_text())
     sim = config_from_dict(SimConfig, data.get("sim", {}), source=path)
     return {"path": path, "model": data["model"]["name"], "dataset": data["dataset"], "sim": sim,
-            "block_size": data["cache"]["block_size"],
+            "block_size": data["cache"]["block_size"], "max_num_seqs": data["scheduler"]["max_num_seqs"],
             "kv_blocks": data["cache"]["num_blocks"] - 1}  # block 0 is reserved (Table 1's slots exclude it)
 
 
@@ -121,7 +146,7 @@ def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
     """Every curve, crossover and memory cap of one panel."""
     curves, crossovers = [], []
     plain, blocks0 = _models(panel, Proposer("none"))
-    cap0 = max_batch(blocks0, panel["block_size"], context, 0)
+    cap0 = min(max_batch(blocks0, panel["block_size"], context, 0), panel["max_num_seqs"])
     baseline = {b: plain.throughput(b, context, 0, 0.0) for b in config.batches}
     curves.append({"proposer": "none", "k": 0, "acceptance": None,
                    "tok_s": [baseline[b] for b in config.batches],
@@ -133,7 +158,7 @@ def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
     for proposer in config.proposers:
         model, blocks = _models(panel, proposer)
         for k in config.ks:
-            cap = max_batch(blocks, panel["block_size"], context, k)
+            cap = min(max_batch(blocks, panel["block_size"], context, k), panel["max_num_seqs"])
             step = [model.step_time(b, context, k) for b in config.batches]
             for a in config.acceptance_rates:
                 tok_s = [b * expected_tokens(a, k) / s for b, s in zip(config.batches, step)]
@@ -151,12 +176,32 @@ def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
                     "speedup_at_max_batch": spec_at_cap / plain_at_cap})
     return {"panel": panel["path"], "model": panel["model"], "gpu": panel["sim"].gpu, "tp": panel["sim"].tp,
             "dataset": panel["dataset"], "context": context, "kv_blocks": panel["kv_blocks"],
+            "max_num_seqs": panel["max_num_seqs"],
             "block_size": panel["block_size"], "curves": curves, "crossovers": crossovers, "parts": parts}
 
 
+def run_anchor(anchor: ScorerAnchor) -> list[dict]:
+    """The modelled verify step (multi-query and batch expansion; with vLLM's host line and with none)
+    beside the measured milliseconds, per batch and context."""
+    spec, gpu = get_preset(anchor.model), get_gpu(anchor.gpu)
+    targets = {"measured": CostModel(spec, gpu),
+               "none": CostModel(spec, gpu, CostModelConfig(host_overhead_s=0.0, host_overhead_per_seq_s=0.0))}
+    rows = []
+    for i, batch in enumerate(anchor.batches):
+        for context in anchor.contexts:
+            for scorer, measured in (("mqa", anchor.mqa_ms[i]), ("batch_expansion", anchor.batch_expansion_ms[i])):
+                row = {"batch": batch, "context": context, "scorer": scorer, "measured_ms": measured}
+                for host, target in targets.items():
+                    ms = 1e3 * SpeculativeCostModel(target, batch_expansion=scorer == "batch_expansion").verify_time(
+                        batch, context, anchor.k)
+                    row |= {f"model_ms_host_{host}": ms, f"ratio_host_{host}": ms / measured}
+                rows.append(row)
+    return rows
+
+
 def plot(config: SpecSimConfig, panels: list[dict]) -> None:
-    """tok/s vs batch size: a row per panel, a column per acceptance rate; beyond the plain pool's
-    batch (grey) the points are the cost model's alone: those batches do not fit."""
+    """tok/s vs batch size: a row per panel, a column per acceptance rate; beyond the largest batch
+    that runs without speculation (grey) the points are the cost model's alone: those batches do not fit."""
     rates = config.acceptance_rates
     fig, axes = plt.subplots(len(panels), len(rates), figsize=(3.6 * len(rates), 3.0 * len(panels)), squeeze=False)
     colors = dict(zip([p.name for p in config.proposers], ("tab:blue", "tab:orange", "tab:green", "tab:purple")))
@@ -173,27 +218,35 @@ def plot(config: SpecSimConfig, panels: list[dict]) -> None:
             if cap < max(config.batches):
                 ax.axvspan(cap, max(config.batches), color="0.85", zorder=0)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{result['model']}, {result['tp']}x {result['gpu']}, a = {a}", fontsize=8)
+            ax.set_title(f"{result['model']}, {result['tp']}x {result['gpu']}, {result['dataset']} "
+                         f"(context {result['context']}), a = {a}", fontsize=7)
             ax.set_xlabel("Batch size (sequences)")
             ax.set_ylabel("Output tok/s")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=6)
-    fig.suptitle(f"Speculative decoding, cost model (context {panels[0]['context']} tokens); "
+    fig.suptitle("Speculative decoding on the cost model: decode tok/s vs batch size; "
                  "grey: more sequences than the KV pool holds", fontsize=9)
     fig.tight_layout()
     plots.save(fig, REPO_ROOT / config.figure)
 
 
 def markdown(result: dict) -> str:
-    """The crossover table: per panel, proposer, k and a, where speculation stops paying."""
-    lines = ["| model (GPUs) | proposer | k | a | tokens/step | speedup at B=1 | crossover B | max B (plain) "
-             "| speedup at max B |", "|---|---|---|---|---|---|---|---|---|"]
+    """The crossover table (per panel, proposer, k and a: where speculation stops paying) and, when
+    there is one, the anchor table (modelled vs measured verify-step milliseconds)."""
+    lines = ["| model (GPUs), dataset | proposer | k | a | tokens/step | speedup at B=1 | crossover B "
+             "| max B (plain) | speedup at max B |", "|---|---|---|---|---|---|---|---|---|"]
     for p in result["panels"]:
         for c in p["crossovers"]:
             cross = c["crossover_batch"] or f"> {result['settings']['max_search_batch']}"
-            lines.append(f"| {p['model']} ({p['tp']}x {p['gpu']}) | {c['proposer']} | {c['k']} | {c['acceptance']} "
-                         f"| {c['expected_tokens']:.2f} | {c['speedup_batch_1']:.2f} | {cross} "
+            lines.append(f"| {p['model']} ({p['tp']}x {p['gpu']}), {p['dataset']} | {c['proposer']} | {c['k']} "
+                         f"| {c['acceptance']} | {c['expected_tokens']:.2f} | {c['speedup_batch_1']:.2f} | {cross} "
                          f"| {c['max_batch']} ({c['max_batch_plain']}) | {c['speedup_at_max_batch']:.2f} |")
+    if result["anchor"]:
+        lines += ["", "| scorer | batch | context | measured ms | model ms (host line) | model ms (no host) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['scorer']} | {r['batch']} | {r['context']} | {r['measured_ms']} "
+                  f"| {r['model_ms_host_measured']:.1f} ({r['ratio_host_measured']:.2f}x) "
+                  f"| {r['model_ms_host_none']:.1f} ({r['ratio_host_none']:.2f}x) |" for r in result["anchor"]]
     return "\n".join(lines)
 
 
@@ -203,7 +256,8 @@ def run(config: SpecSimConfig) -> dict:
     panels = [_panel(path) for path in config.panels]
     contexts = {d: mean_decode_context(d, config.length_samples, config.seed) for d in {p["dataset"] for p in panels}}
     results = [run_panel(config, panel, contexts[panel["dataset"]]) for panel in panels]
-    result = {"panels": results, "mean_decode_context": contexts,
+    anchor = run_anchor(config.anchor) if config.anchor is not None else []
+    result = {"panels": results, "mean_decode_context": contexts, "anchor": anchor,
               "settings": {"max_search_batch": config.max_search_batch},
               "wall_s": time.perf_counter() - start,
               "provenance": provenance(config, seed=config.seed, device="none (cost model of the A100s)")}

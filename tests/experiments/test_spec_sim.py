@@ -5,13 +5,14 @@ import json
 import pytest
 
 from experiments import spec_sim
-from experiments.spec_sim import Proposer, SpecSimConfig
+from experiments.spec_sim import Proposer, ScorerAnchor, SpecSimConfig
 
 
 def test_run_one_panel(tmp_path):
     config = SpecSimConfig(panels=["configs/throughput_opt13b_sharegpt.yaml"], batches=[1, 8, 64], ks=[4],
                            acceptance_rates=[0.5, 0.9], max_search_batch=256, length_samples=2000,
                            proposers=[Proposer("ngram"), Proposer("draft", "opt-125m")],
+                           anchor=ScorerAnchor(batches=[4], mqa_ms=[13.7], batch_expansion_ms=[15.4], contexts=[128]),
                            output=str(tmp_path / "s.json"), figure=str(tmp_path / "s.png"))
     result = spec_sim.run(config)
     assert json.loads((tmp_path / "s.json").read_text())["panels"][0]["crossovers"] == result["panels"][0]["crossovers"]
@@ -22,7 +23,10 @@ def test_run_one_panel(tmp_path):
     assert rows["ngram", 0.9]["speedup_batch_1"] > 3.5  # weight-bound: close to 4.1 tokens per step
     assert rows["draft", 0.5]["max_batch"] < rows["ngram", 0.5]["max_batch"] <= rows["ngram", 0.5]["max_batch_plain"]
     assert rows["draft", 0.5]["crossover_batch"] is not None and not rows["draft", 0.5]["pays_at_every_batch_that_fits"]
-    assert "| opt-13b (1x a100-40gb) | draft | 4 | 0.5 |" in spec_sim.markdown(result)
+    assert "| opt-13b (1x a100-40gb), sharegpt | draft | 4 | 0.5 |" in spec_sim.markdown(result)
+    # The modelled verify step of Llama-7B at batch 4 within a factor of 1.5 of vLLM's measured one.
+    assert [r["scorer"] for r in result["anchor"]] == ["mqa", "batch_expansion"]
+    assert all(1 / 1.5 < r["ratio_host_measured"] < 1.5 for r in result["anchor"])
 
 
 def test_bad_config_names_the_field():
@@ -30,3 +34,5 @@ def test_bad_config_names_the_field():
         SpecSimConfig(acceptance_rates=[1.0])
     with pytest.raises(ValueError, match="ks"):
         SpecSimConfig(ks=[0])
+    with pytest.raises(ValueError, match="anchor.batches"):
+        ScorerAnchor(batches=[4, 8], mqa_ms=[13.7], batch_expansion_ms=[15.4])

@@ -7,7 +7,11 @@ A speculative step of a batch of B sequences, each with k drafted tokens, is:
   sampled token and the k drafts) over their cached context, like a chunked prefill of k + 1
   tokens per sequence, with the LM head over all B (k + 1) rows (every position's logits are
   needed to accept or reject) and the cached context read through the paged kernel, at the
-  decode rows' cost (`CostModel.step_time(..., verify=True)`).
+  decode rows' cost (`CostModel.step_time(..., verify=True)`): vLLM's multi-query (MQA) scorer
+  (vllm-project/vllm PR #8839, 2024) and V1. vLLM's first scorer (PR #3103) used batch expansion
+  instead, each sequence expanded into k + 1 single-query rows at contexts L .. L + k, which pays
+  the KV reads and the host's per-sequence work k + 1 times: `batch_expansion=True` prices that
+  (a decode step of B (k + 1) rows).
 Per-token acceptance is modelled as i.i.d. with rate a (Leviathan et al. 2023): a sequence emits
 the accepted prefix of its drafts plus one token from the target (the correction, or the bonus
 after k acceptances), (1 - a^(k + 1)) / (1 - a) tokens in expectation.
@@ -50,18 +54,22 @@ class SpeculativeCostModel:
     `target` prices the verify step (and the plain decode step at k = 0); `draft` prices the draft
     model's steps, or None for a proposer with no device work (n-gram). Batches are uniform: B
     sequences, all at context L (the cost model's attention is linear in the summed context, so a
-    mean context prices the KV reads of a mixed batch exactly).
+    mean context prices the KV reads of a mixed batch exactly). `batch_expansion`: verify by batch
+    expansion (the module docstring) rather than one multi-query row per sequence.
     """
 
-    def __init__(self, target: CostModel, draft: CostModel | None = None) -> None:
-        self.target, self.draft = target, draft
+    def __init__(self, target: CostModel, draft: CostModel | None = None, *, batch_expansion: bool = False) -> None:
+        self.target, self.draft, self.batch_expansion = target, draft, batch_expansion
 
     def verify_time(self, batch: int, context: int, k: int) -> float:
         """Seconds of the target's step over `batch` rows of k + 1 query tokens ending at context + k.
 
-        k = 0 is the plain decode step (one query, one LM-head row per sequence).
+        k = 0 is the plain decode step (one query, one LM-head row per sequence). Batch expansion:
+        a decode step of batch x (k + 1) rows, sequence i's rows at contexts context .. context + k.
         """
         _check(batch, context, k)
+        if self.batch_expansion:
+            return self.target.decode_time(np.tile(context + np.arange(k + 1, dtype=np.int32), batch))
         q = np.full(batch, k + 1, np.int32)
         return self.target.step_time(q, np.full(batch, context + k, np.int32), verify=True)
 

@@ -92,3 +92,13 @@ def test_memory_caps():
     blocks = pool_blocks_with_draft(983, target, draft, weights)
     assert blocks == (983 * 16 * KV_PER_TOKEN - weights) // (16 * (KV_PER_TOKEN + 36_864))
     assert 900 < blocks < 983
+
+
+def test_batch_expansion_is_a_decode_step_of_k_plus_1_rows_per_sequence():
+    target = CostModel(OPT13B, A100)
+    expanded, mqa = SpeculativeCostModel(target, batch_expansion=True), SpeculativeCostModel(target)
+    rows = np.array([400, 401, 402] * 16)  # 16 sequences, k = 2: contexts 400..402 each
+    assert expanded.verify_time(16, 400, 2) == pytest.approx(target.decode_time(rows))
+    # It reads each context k + 1 times and pays the host's per-sequence work per row.
+    assert expanded.verify_time(16, 400, 2) > 1.2 * mqa.verify_time(16, 400, 2)
+    assert expanded.verify_time(16, 400, 0) == mqa.verify_time(16, 400, 0)
