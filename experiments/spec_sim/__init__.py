@@ -172,6 +172,8 @@ def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
                     "crossover_batch": cross, "max_batch": cap, "max_batch_plain": cap0,
                     "pays_at_every_batch_that_fits": cross is None or cross > cap,
                     "speedup_batch_1": model.throughput(1, context, k, a) / plain.throughput(1, context, 0, 0.0),
+                    "verify_over_decode_at_max_batch": model.verify_time(cap, context, k) / model.verify_time(
+                        cap, context, 0),
                     "tok_s_at_max_batch": spec_at_cap, "plain_tok_s_at_max_batch": plain_at_cap,
                     "speedup_at_max_batch": spec_at_cap / plain_at_cap})
     return {"panel": panel["path"], "model": panel["model"], "gpu": panel["sim"].gpu, "tp": panel["sim"].tp,
