@@ -19,9 +19,9 @@ after k acceptances), (1 - a^(k + 1)) / (1 - a) tokens in expectation.
 Contexts follow `CostModel`'s convention (counted after the step's writes): a plain decode row has
 context L; its verify row writes k + 1 tokens and ends at L + k; the draft's j-th step (j = 0..k-1)
 ends at L + j. Rejected drafts are given back after the step, so a sequence holds L + k slots at its
-peak. Left out, each small beside what is kept: the rejection sampler's work, the draft model's
-catching up on the previous step's accepted tokens (one chunk, not k steps), and any host work of
-the n-gram search.
+peak. Left out: the rejection sampler's work, the draft model's catching up on the previous step's
+accepted tokens (one chunk, not k steps), and any host work of the n-gram search; the host's work
+per verify step is the plain step's (the cost model's per-sequence line).
 """
 
 from __future__ import annotations
