@@ -32,7 +32,7 @@ import yaml
 from experiments import common, plots
 from experiments.common import REPO_ROOT, provenance, write_json
 from jpaged.config import config_from_dict
-from jpaged.config.presets import get_preset
+from jpaged.config.presets import dtype_itemsize, get_preset
 from jpaged.paper.sim.config import SimConfig
 from jpaged.paper.sim.cost_model import CostModel, CostModelConfig
 from jpaged.paper.sim.gpus import get_gpu
@@ -142,6 +142,16 @@ def _models(panel: dict, proposer: Proposer) -> tuple[SpeculativeCostModel, int]
     return SpeculativeCostModel(target, draft), blocks
 
 
+def gemm_ridge_tokens(panel: dict) -> float:
+    """Tokens per step at which the GEMMs' FLOPs take as long as reading their weights once, at the
+    cost model's achieved FLOP/s and HBM bytes/s: past it a verify step's k + 1 tokens per
+    sequence cost more than a decode step's one."""
+    sim, gpu = panel["sim"], get_gpu(panel["sim"].gpu)
+    # 2 FLOPs per weight per token against the weight's bytes read once per step
+    return (gpu.fp16_flops * sim.cost.tensor_core_efficiency * dtype_itemsize(sim.dtype)
+            / (2.0 * gpu.hbm_bw * sim.cost.hbm_efficiency))
+
+
 def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
     """Every curve, crossover and memory cap of one panel."""
     curves, crossovers = [], []
@@ -178,6 +188,7 @@ def run_panel(config: SpecSimConfig, panel: dict, context: int) -> dict:
                     "speedup_at_max_batch": spec_at_cap / plain_at_cap})
     return {"panel": panel["path"], "model": panel["model"], "gpu": panel["sim"].gpu, "tp": panel["sim"].tp,
             "dataset": panel["dataset"], "context": context, "kv_blocks": panel["kv_blocks"],
+            "gemm_ridge_tokens": gemm_ridge_tokens(panel),
             "max_num_seqs": panel["max_num_seqs"],
             "block_size": panel["block_size"], "curves": curves, "crossovers": crossovers, "parts": parts}
 
@@ -201,9 +212,11 @@ def run_anchor(anchor: ScorerAnchor) -> list[dict]:
     return rows
 
 
-def plot(config: SpecSimConfig, panels: list[dict]) -> None:
+def plot(config: SpecSimConfig, panels: list[dict], dpi: int = 80) -> None:
     """tok/s vs batch size: a row per panel, a column per acceptance rate; beyond the largest batch
-    that runs without speculation (grey) the points are the cost model's alone: those batches do not fit."""
+    that runs without speculation (grey) the points are the cost model's alone: those batches do not fit.
+    `dpi` is below the other figures' because this one has a dozen panels of many lines, which
+    stay readable at it at a fraction of the file size."""
     rates = config.acceptance_rates
     fig, axes = plt.subplots(len(panels), len(rates), figsize=(3.6 * len(rates), 3.0 * len(panels)), squeeze=False)
     colors = dict(zip([p.name for p in config.proposers], ("tab:blue", "tab:orange", "tab:green", "tab:purple")))
@@ -229,7 +242,7 @@ def plot(config: SpecSimConfig, panels: list[dict]) -> None:
     fig.suptitle("Speculative decoding on the cost model: decode tok/s vs batch size; "
                  "grey: more sequences than the KV pool holds", fontsize=9)
     fig.tight_layout()
-    plots.save(fig, REPO_ROOT / config.figure)
+    plots.save(fig, REPO_ROOT / config.figure, dpi=dpi)
 
 
 def markdown(result: dict) -> str:

@@ -1,11 +1,12 @@
-"""experiments.spec_sim end to end on one panel and a few batches."""
+"""experiments.spec_sim end to end on one panel and a few batches, and its REPORT.md section."""
 
 import json
 
 import pytest
 
 from experiments import spec_sim
-from experiments.spec_sim import Proposer, ScorerAnchor, SpecSimConfig
+from experiments.markdown import Figures
+from experiments.spec_sim import Proposer, ScorerAnchor, SpecSimConfig, report
 
 
 def test_run_one_panel(tmp_path):
@@ -27,6 +28,10 @@ def test_run_one_panel(tmp_path):
     # The modelled verify step of Llama-7B at batch 4 within a factor of 1.5 of vLLM's measured one.
     assert [r["scorer"] for r in result["anchor"]] == ["mqa", "batch_expansion"]
     assert all(1 / 1.5 < r["ratio_host_measured"] < 1.5 for r in result["anchor"])
+    section = report.spec_sim({"spec_sim": result}, Figures(tmp_path))
+    assert section.startswith("## Beyond the paper — speculative decoding on the paper's GPUs (simulated)")
+    assert "| OPT-13B, 1× A100-40GB, ShareGPT | ngram | 4 | > 256 / " in section and "**Verdict.**" in section
+    assert "*Not run yet: `python -m experiments.spec_sim" in report.spec_sim({}, Figures(tmp_path))
 
 
 def test_bad_config_names_the_field():
