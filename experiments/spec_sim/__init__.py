@@ -269,7 +269,9 @@ def run(config: SpecSimConfig) -> dict:
     """Models every panel, writes the JSON and the figure, prints the crossover table; returns the JSON."""
     start = time.perf_counter()
     panels = [_panel(path) for path in config.panels]
-    contexts = {d: mean_decode_context(d, config.length_samples, config.seed) for d in {p["dataset"] for p in panels}}
+    # datasets in the panels' order (not a set's), so the JSON and the report list them the same way every run
+    contexts = {d: mean_decode_context(d, config.length_samples, config.seed)
+                for d in dict.fromkeys(p["dataset"] for p in panels)}
     results = [run_panel(config, panel, contexts[panel["dataset"]]) for panel in panels]
     anchor = run_anchor(config.anchor) if config.anchor is not None else []
     result = {"panels": results, "mean_decode_context": contexts, "anchor": anchor,
