@@ -195,8 +195,12 @@ class Scheduler:
         since the last step and admission would stop at once; else None, and nothing changed.
         (The overlapped engine schedules a step ahead with it: `jpaged.core.sched.overlap`.) None with a
         host tier: a decode step's new blocks may evict cached ones to host, copies that
-        `schedule` settles step by step."""
+        `schedule` settles step by step. None while speculation may run at the running set's
+        size: a verify step's inputs are the step before's accepted tokens, so it is never
+        scheduled ahead."""
         if self.host_tier is not None:
+            return None
+        if self.speculator is not None and self.speculator.may_draft(self.running_set.num_seqs):
             return None
         return self._steady_step()[0]
 
