@@ -251,7 +251,8 @@ class Scheduler:
         once), some sequence has drafts and the blocks for them are free. Else None, and nothing
         changed: the step runs without speculation (which preempts, if blocks are short)."""
         running_set = self.running_set
-        if not running_set.groups or running_set.partial or self.swapped:
+        if (not running_set.groups or running_set.partial or self.swapped
+                or not self.speculator.may_draft(running_set.num_seqs)):
             return None
         batch = running_set.current()
         tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)
