@@ -9,7 +9,11 @@ would need. Fig. 16's verdict also reads the step measurement (`experiments.shar
 
 from __future__ import annotations
 
+import yaml
+
+from experiments.ablation import READINGS
 from experiments.ablation.verdicts import VERDICTS
+from experiments.common import REPO_ROOT
 from experiments.markdown import Figures, command, finished
 from jpaged.paper.systems import LABELS
 
@@ -60,11 +64,16 @@ def _cell(quantity: str, value: float | None, base: float | None, paper: list[fl
     return text
 
 
+def twin(a: dict, row: dict) -> dict:
+    """The row `row`'s change is measured against: its `compare_with` row (a check's twin), else the baseline."""
+    name = row.get("compare_with", "baseline")
+    return next((r for r in a["rows"] if r["name"] == name), a["rows"][0])
+
+
 def table(a: dict, committed: dict[str, float] | None) -> str:
     """The ablation's rows: the committed figure, the baseline of the ablation's grid, each variant."""
     paper = a["paper"]
     quantities = (list(paper) + a.get("columns", [])) or list(a["rows"][0]["quantities"])
-    base = a["rows"][0]["quantities"]
     head = ("| row | reading | " + " | ".join(quantities) + " | why (source or bound) |\n|---|---|"
             + "---|" * len(quantities) + "---|")
     lines = [head]
@@ -76,7 +85,10 @@ def table(a: dict, committed: dict[str, float] | None) -> str:
     for row in a["rows"]:
         changed = "".join(f"`{k}: {v}`, " for k, v in row["set"].items())
         only = f" ({', '.join(row['systems'])} only)" if row.get("systems") else ""
-        cells = " | ".join(_cell(q, row["quantities"].get(q), None if row is a["rows"][0] else base.get(q),
+        against = twin(a, row)
+        if against is not a["rows"][0]:
+            only += f" (change vs {against['name']})"
+        cells = " | ".join(_cell(q, row["quantities"].get(q), None if row is a["rows"][0] else against["quantities"].get(q),
                                  paper.get(q), row.get("censored", {}).get(q, "")) for q in quantities)
         why = row["why"].replace("|", "/")
         lines.append(f"| {row['name']}{only} | {row['reading']} | {cells} | {changed}{why} |")
@@ -84,15 +96,27 @@ def table(a: dict, committed: dict[str, float] | None) -> str:
 
 
 def moves(a: dict, quantity: str) -> tuple[list[tuple[str, float]], list[str], list[tuple[str, float]]]:
-    """(every variant's change of `quantity` from the baseline, largest first; the rows inside the
-    paper's range; the source-backed rows' changes)."""
+    """(every modelling choice's change of `quantity` from the baseline, largest first; the rows inside
+    the paper's range; the source-backed rows' changes). Check rows (`checks`) are not modelling choices."""
     base = a["rows"][0]["quantities"][quantity]
     lo, hi = a["paper"][quantity]
-    changes = sorted(((row["name"], row["quantities"][quantity] / base - 1) for row in a["rows"][1:]
+    choices = [row for row in a["rows"][1:] if row["reading"] != "check"]
+    changes = sorted(((row["name"], row["quantities"][quantity] / base - 1) for row in choices
                       if quantity in row["quantities"]), key=lambda c: -abs(c[1]))
-    inside = [row["name"] for row in a["rows"] if lo <= row["quantities"].get(quantity, -1) <= hi]
-    source = [(row["name"], row["quantities"][quantity] / base - 1) for row in a["rows"][1:] if row["reading"] == "source"]
+    inside = [row["name"] for row in [a["rows"][0], *choices] if lo <= row["quantities"].get(quantity, -1) <= hi]
+    source = [(row["name"], row["quantities"][quantity] / base - 1) for row in choices if row["reading"] == "source"]
     return changes, inside, source
+
+
+def checks(a: dict, quantity: str) -> list[tuple[str, str, float, float]]:
+    """(check row, its twin, the check's value of `quantity`, its change from the twin's) per check row."""
+    out = []
+    for row in a["rows"]:
+        if row["reading"] == "check" and quantity in row["quantities"]:
+            other = twin(a, row)
+            value = row["quantities"][quantity]
+            out.append((row["name"], other["name"], value, value / other["quantities"][quantity] - 1))
+    return out
 
 
 def verdict(a: dict, quantity: str, committed: dict[str, float] | None) -> str:
@@ -105,7 +129,9 @@ def verdict(a: dict, quantity: str, committed: dict[str, float] | None) -> str:
     src = ("; the source-backed rows: " + ", ".join(f"{name} {100 * c:+.0f}%" for name, c in source)) if source else ""
     status = (f"in the paper's range ({_fmt(quantity, lo)}–{_fmt(quantity, hi)}) in: {', '.join(inside)}" if inside
               else f"no row reaches the paper's range ({_fmt(quantity, lo)}–{_fmt(quantity, hi)})")
-    return (f"{quantity}: {now}the ablation's baseline {_fmt(quantity, base)}; {status}. Largest moves: {top}{src}.")
+    check = "".join(f" Check: {name} gives {_fmt(quantity, value)}, {100 * c:+.1f}% from {other}." for name, other, value, c
+                    in checks(a, quantity))
+    return (f"{quantity}: {now}the ablation's baseline {_fmt(quantity, base)}; {status}. Largest moves: {top}{src}.{check}")
 
 
 def summary(results: dict) -> str:
@@ -138,8 +164,8 @@ def summary(results: dict) -> str:
 
 def _figure_verdict(stem: str, a: dict, results: dict) -> str:
     """The figure-specific half of the verdict, which reads every row: only when every variant ran."""
-    readings = a.get("provenance", {}).get("config", {}).get("readings", ["source", "bound"])
-    if set(readings) != {"source", "bound"}:
+    readings = a.get("provenance", {}).get("config", {}).get("readings", list(READINGS))
+    if set(readings) != set(READINGS):
         return (f"Only the {' and '.join(readings)} rows ran here (`readings`); the run with every row gives the "
                 f"rest of the verdict.")
     return VERDICTS[stem](a, results)
@@ -151,13 +177,16 @@ def ablations(results: dict, figures: Figures) -> str:
 
 Each figure below is rerun with one modelling choice changed at a time
 (`python -m experiments.ablation --config configs/ablation/<figure>.yaml`; each row is the figure's own run, its
-points in `results/ablation/*/*.json`, one file per row). The baseline row is the figure's committed config on the ablation's
-grid (shorter traces and fewer rates, stated per table), so each row's change (in parentheses) is against a
-baseline of the same grid; the committed figure's own value is the first row. **Bold**: inside the paper's range
-(our reading of the paper's number, as its section states it; a single printed number is read ±10%). `+`: a
-sustained rate past the top of the row's grid (the ratio is a bound). *source*: the row's value is fixed by
-the paper, its artifact or vLLM v0.1.x (the citation is in the last column); *bound*: a plausible bound of a
-choice no source fixes. Rows with `only` rerun those systems alone and keep the baseline's points of the others."""]
+points in `results/ablation/*/*.json`, one file per row). The baseline row is the figure's committed config on the
+ablation's grid (the changes are listed per table: Figs. 12(c), 15 and 17 run on the figure's own trace length,
+Fig. 16 on 60 s of its 300 s), so each row's change (in parentheses) is against a baseline of the same grid; the
+committed figure's own value is the first row. **Bold**: inside the paper's range (our reading of the paper's
+number, as its section states it; a single printed number is read ±10%). `+`: a sustained rate past the top of
+the row's grid (the ratio is a bound). *source*: the row's value is fixed by the paper, its artifact or vLLM
+v0.1.x (the citation is in the last column); *bound*: a plausible bound of a choice no source fixes; *check*: a
+check of the ablation's method, not a modelling choice (the same row on another trace length; its change is
+against the row it repeats). Rows with `only` rerun those systems alone and keep the baseline's points of the
+others."""]
     out.append(summary(results))
     for stem, heading, figure, quantity in ABLATIONS:
         a = finished(results, stem, "rows")
@@ -169,7 +198,12 @@ choice no source fixes. Rows with `only` rerun those systems alone and keep the 
         committed = committed_quantities(figure, fig) if fig and ("sustained_rate" in fig or "memory_saving" in fig) else None
         common = ", ".join(f"`{k}`" for k in a["common"]) or "nothing"
         wall = sum(row["wall_s"] for row in a["rows"])
+        own = yaml.safe_load((REPO_ROOT / a["base"]).read_text())["duration_s"]
+        trace = a["common"].get("duration_s", own)
+        where = "the figure's own" if trace == own else f"the figure: {own:g} s"
         out.append(f"### {heading}\n\nCommand: {command('ablation', f'ablation/{name}')} ({wall:.0f} s); base "
-                   f"`{a['base']}`, the grid changing {common}.\n\n{table(a, committed)}\n\n"
+                   f"`{a['base']}`, the grid changing {common}; {trace:g} s traces "
+                   f"({where})."
+                   f"\n\n{table(a, committed)}\n\n"
                    f"Verdict. {verdict(a, quantity, committed)} {_figure_verdict(stem, a, results)}")
     return "\n\n".join(out)
