@@ -178,8 +178,8 @@ def ablations(results: dict, figures: Figures) -> str:
 Each figure below is rerun with one modelling choice changed at a time
 (`python -m experiments.ablation --config configs/ablation/<figure>.yaml`; each row is the figure's own run, its
 points in `results/ablation/*/*.json`, one file per row). The baseline row is the figure's committed config on the
-ablation's grid (the changes are listed per table: Figs. 12(c), 15 and 17 run on the figure's own trace length,
-Fig. 16 on 60 s of its 300 s), so each row's change (in parentheses) is against a baseline of the same grid; the
+ablation's grid (its changes and trace length stated per table; a trace shorter than the figure's has check rows
+on the figure's own), so each row's change (in parentheses) is against a baseline of the same grid; the
 committed figure's own value is the first row. **Bold**: inside the paper's range (our reading of the paper's
 number, as its section states it; a single printed number is read ±10%). `+`: a sustained rate past the top of
 the row's grid (the ratio is a bound). *source*: the row's value is fixed by the paper, its artifact or vLLM
