@@ -9,6 +9,8 @@ would need. Fig. 16's verdict also reads the step measurement (`experiments.shar
 
 from __future__ import annotations
 
+import json
+
 import yaml
 
 from experiments.ablation import READINGS
@@ -171,6 +173,22 @@ def _figure_verdict(stem: str, a: dict, results: dict) -> str:
     return VERDICTS[stem](a, results)
 
 
+def point_commits(a: dict) -> str:
+    """Which commits computed the rows' points ("`sha` date on cpu: n points", one per commit, date and CPU), read from
+    each row's own result file; a row kept from the baseline (read-only rows) adds none."""
+    counts: dict[tuple[str, str], int] = {}
+    for row in a["rows"]:
+        path = REPO_ROOT / row["result"] if row.get("result") else None
+        if path is None or not path.is_file():
+            continue
+        for point in json.loads(path.read_text()).get("points", []):
+            prov = point.get("provenance", {})
+            key = (prov.get("git_sha", "?")[:12] + ("+dirty" if prov.get("git_sha", "").endswith("+dirty") else ""),
+                   prov.get("date", "?")[:10], prov.get("cpu", "?"))
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"`{sha}` {date} on {cpu}: {n}" for (sha, date, cpu), n in sorted(counts.items(), key=lambda kv: kv[0][1])) or "none"
+
+
 def ablations(results: dict, figures: Figures) -> str:
     """The section: one table and verdict per ablated figure."""
     out = ["""## Ablations of the four figures outside the paper's range
@@ -203,7 +221,7 @@ others."""]
         where = "the figure's own" if trace == own else f"the figure: {own:g} s"
         out.append(f"### {heading}\n\nCommand: {command('ablation', f'ablation/{name}')} ({wall:.0f} s); base "
                    f"`{a['base']}`, the grid changing {common}; {trace:g} s traces "
-                   f"({where})."
+                   f"({where}); points computed by {point_commits(a)}."
                    f"\n\n{table(a, committed)}\n\n"
                    f"Verdict. {verdict(a, quantity, committed)} {_figure_verdict(stem, a, results)}")
     return "\n\n".join(out)
