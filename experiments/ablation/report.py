@@ -14,7 +14,7 @@ import json
 import yaml
 
 from experiments.ablation import READINGS
-from experiments.ablation.verdicts import VERDICTS
+from experiments.ablation.verdicts import VERDICTS, listed
 from experiments.common import REPO_ROOT
 from experiments.markdown import Figures, command, finished
 from jpaged.paper.systems import LABELS
@@ -155,7 +155,7 @@ def summary(results: dict) -> str:
             lines.append(f"| {heading.split(':')[0]} | {quantity} | {_fmt(quantity, lo)}–{_fmt(quantity, hi)} | "
                          f"{'—' if committed is None else _fmt(quantity, committed)} | "
                          + (", ".join(f"{n} {100 * c:+.0f}%" for n, c in source) or "none") + " | "
-                         + (", ".join(inside) or "none") + " | "
+                         + listed(inside, [r["name"] for r in a["rows"] if r["reading"] != "check"]) + " | "
                          + ("—" if committed is None else ("yes" if lo <= committed <= hi else "no")) + " |")
     opening = (f"The source-backed rows move no quantity by more than {100 * largest_source:.1f}%, so the committed "
                f"configs keep their values and every committed number stands; per figure:" if largest_source < 0.01 else

@@ -24,6 +24,13 @@ def _knee(a: dict, name: str, system: str, key: str) -> float:
     return math.nan if row is None else row.get("knees", {}).get(system, {}).get(key, math.nan)
 
 
+def listed(names: list[str], among: list[str]) -> str:
+    """`names` joined, or, where they are most of `among`, "all but" the rest."""
+    if len(names) <= len(among) / 2:
+        return ", ".join(names) or "none"
+    return "all but " + ", ".join(n for n in among if n not in names)
+
+
 def _inside(a: dict, quantity: str, names: list[str]) -> list[str]:
     lo, hi = a["paper"][quantity]
     return [n for n in names if lo <= _q(a, n, quantity) <= hi]
@@ -176,12 +183,6 @@ def fig17(a: dict, results: dict) -> str:
     reach = {o: _inside(a, f"vLLM / {o}", rows) for o in orcas}
     all_three = [n for n in rows if all(n in v for v in reach.values())]
 
-    def inside(o: str) -> str:
-        """The rows inside the paper's range for `o`; the rows outside it where most are inside."""
-        if len(reach[o]) <= len(rows) / 2:
-            return ", ".join(reach[o]) or "none"
-        return f"all but {', '.join(n for n in rows if n not in reach[o])}"
-
     two, eight, short = "2 rounds per conversation", "8 rounds per conversation", "300 s traces"
     v8 = _q(a, eight, "vLLM sustained (req/s)")
     moved = "/".join(f"{100 * (_q(a, short, f'vLLM / {o}') / _q(a, 'baseline', f'vLLM / {o}') - 1):+.0f}"
@@ -193,7 +194,7 @@ def fig17(a: dict, results: dict) -> str:
             f"Orca variants' rates spread {spread(two):.0f}%; with 8 ({cut(eight):.0f}% at the cut) they behave alike "
             f"(spread {spread(eight):.0f}%) and vLLM's advantage is {ratios(eight)}× (baseline, {cut('baseline'):.0f}% at "
             f"the cut: {ratios('baseline')}×, spread {spread('baseline'):.0f}%). Rows inside the paper's ~2×: "
-            + "; ".join(f"for {o}, {inside(o)}" for o in orcas)
+            + "; ".join(f"for {o}, {listed(reach[o], rows)}" for o in orcas)
             + f"; for all three at once, {', '.join(all_three) if all_three else 'none'}. Orca's batching rule "
             f"({ratios('Orca batches prompts with decodes')}×), the cost terms (host work, FLOP rate, bandwidth: "
             f"{_spread(a, 'vLLM / Orca (Oracle)', ('host', 'tensor-core', 'HBM'))} on vLLM / Orca (Oracle)) and vLLM's "
