@@ -83,7 +83,7 @@ QUICK = {
                                        "orca_pow2": [0.25, 0.5, 1.0, 1.5], "orca_max": [0.25, 0.5, 1.0, 1.5]}}},
     "ablation/throughput_opt175b_sharegpt": {"readings": ["source"], "common": {
         "systems": ["vllm", "orca_oracle"], "duration_s": 120.0,
-        "rates": {"vllm": [0.5, 2.0, 3.0, 4.0], "orca_oracle": [0.5, 1.5, 2.5, 3.0]}}},
+        "rates": {"vllm": [0.5, 2.0, 3.0, 4.0, 6.0], "orca_oracle": [0.5, 1.5, 2.5, 3.5, 5.0]}}},
     "ablation/shared_prefix": {"readings": ["source"], "common": {
         "duration_s": 30.0, "rates": {"vllm_80": [10, 30, 40, 50], "orca_oracle_80": [5, 20, 30, 40],
                                       "vllm_341": [5, 20, 30, 40], "orca_oracle_341": [2, 8, 12, 15]}}},
