@@ -117,10 +117,9 @@ def fig16(a: dict, results: dict) -> str:
 
     def pair(name: str) -> str:
         return f"{_q(a, name, one):.2f}× / {_q(a, name, five):.2f}×"
+
     both = [n for n in _inside(a, one, names) if n in _inside(a, five, [n])]
     only_one = [n for n in _inside(a, one, names) if n not in both]
-
-
     checks = [r for r in a["rows"] if r["reading"] == "check"]
     rates = results.get("shared_prefix", {}).get("sustained_rate", {})
     committed = " / ".join(f"{rates[n]['vllm'] / rates[n]['orca_oracle']:.2f}×" for n in ("80", "341") if n in rates)
@@ -158,7 +157,7 @@ def fig16(a: dict, results: dict) -> str:
                                                              ("ablation_chatbot", "Fig. 17"))]
     read = [f"{label} " + "/".join(f"{_q(o, late, q):.2f}" for q in o["paper"]) + "×" for o, label in others if o]
     if read:
-        text += (f" No source fixes that factor, and read the same way the other figures stay out of range ("
+        text += (" No source fixes that factor, and read the same way the other figures stay out of range ("
                  + "; ".join(read) + "), so it cannot be adopted for Fig. 16 alone: the figure stays out of range "
                  "under the committed reading, and in range only if the paper's knees are read at about 8× the "
                  "unloaded latency.")
