@@ -11,8 +11,10 @@ to ablation/<name>/<variant>.json beside `output` (and its figure), so every row
 provenance; the quantities the figure is judged by (`quantities_of`: vLLM / Orca sustained-rate
 ratios, or Fig. 15's memory saving) are recomputed from the merged points with the figure's own
 sustained-rate rule and written, per variant, to `output`. A variant's `reading` says why it is
-there: `source` (the paper, its artifact or vLLM v0.1.x fix the value; `why` cites the line) or
-`bound` (a plausible bound of a choice no source fixes).
+there: `source` (the paper, its artifact or vLLM v0.1.x fix the value; `why` cites the line),
+`bound` (a plausible bound of a choice no source fixes) or `check` (a check of the ablation's own
+method, e.g. the same row on another trace length; `compare_with` names the row it repeats, which
+the table measures its change against instead of the baseline).
 
     python -m experiments.ablation --config configs/ablation/chatbot.yaml [--resume]
 """
@@ -43,6 +45,7 @@ FIGURES = {"throughput": ("throughput", "ThroughputConfig"), "chatbot": ("chatbo
 # Fields that change how a figure reads its points, not the points: a variant changing only these
 # reuses the baseline's points.
 _READ_ONLY = {"latency_threshold_factor"}
+READINGS = ("source", "bound", "check")
 # Result files of a figure run that the ablation redirects to ablation/<name>/ beside its own output.
 _OUTPUT_FIELDS = ("output", "figure", "saving_figure")
 
@@ -53,17 +56,19 @@ class Variant:
 
     name: str  # row label, e.g. "max_num_batched_tokens 2560"
     set: dict[str, Any]  # dotted field of the figure's config -> value
-    reading: Literal["source", "bound"] = "bound"  # source: fixed by a cited source; bound: a plausible bound
-    why: str = ""  # the citation (source) or the argument for the bound
+    # source: fixed by a cited source; bound: a plausible bound; check: a check of the method
+    reading: Literal["source", "bound", "check"] = "bound"
+    why: str = ""  # the citation (source), the argument for the bound, or what the check checks
     systems: list[str] = dataclasses.field(default_factory=list)  # rerun only these; [] = every system
+    compare_with: str = "baseline"  # the row this one's change is measured against (a check's twin)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("variants[].name must be a non-empty string")
         if not self.set:
             raise ValueError(f"variants[{self.name}].set must change at least one field")
-        if self.reading not in ("source", "bound"):
-            raise ValueError(f"variants[{self.name}].reading must be 'source' or 'bound', got {self.reading!r}")
+        if self.reading not in READINGS:
+            raise ValueError(f"variants[{self.name}].reading must be one of {', '.join(READINGS)}, got {self.reading!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ class AblationConfig:
     name: str  # folder of the rows' own results: ablation/<name>/ beside `output`
     common: dict[str, Any] = dataclasses.field(default_factory=dict)  # dotted field -> value, every run
     variants: list[Variant] = dataclasses.field(default_factory=list)
-    readings: list[str] = dataclasses.field(default_factory=lambda: ["source", "bound"])  # which variants run
+    readings: list[str] = dataclasses.field(default_factory=lambda: list(READINGS))  # which variants run
     # quantity -> [lo, hi] the paper prints (the verdict places each row against it)
     paper: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     columns: list[str] = dataclasses.field(default_factory=list)  # further quantities the table shows (no range)
@@ -89,8 +94,11 @@ class AblationConfig:
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names) or "baseline" in names:
             raise ValueError(f"variants[].name must be unique and not 'baseline', got {names}")
-        if not self.readings or set(self.readings) - {"source", "bound"}:
-            raise ValueError(f"readings must list 'source' and/or 'bound', got {self.readings}")
+        for i, v in enumerate(self.variants):
+            if v.compare_with != "baseline" and v.compare_with not in names[:i]:
+                raise ValueError(f"variants[{v.name}].compare_with must name an earlier row, got {v.compare_with!r}")
+        if not self.readings or set(self.readings) - set(READINGS):
+            raise ValueError(f"readings must list some of {', '.join(READINGS)}, got {self.readings}")
         for quantity, bounds in self.paper.items():
             if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:
                 raise ValueError(f"paper.{quantity} must be [lo, hi] with 0 < lo <= hi, got {bounds}")
@@ -222,7 +230,7 @@ def run(config: AblationConfig, resume: bool = False) -> dict:
     for variant in (v for v in config.variants if v.reading in config.readings):
         print(f"== {config.name}: {variant.name}")
         row = _row(config, variant.name, variant.set, variant.systems, module.run, base_points, resume)
-        rows.append(row | {"reading": variant.reading, "why": variant.why})
+        rows.append(row | {"reading": variant.reading, "why": variant.why, "compare_with": variant.compare_with})
         write_json(out, _table(config, rows, prov))
     result = _table(config, rows, prov)
     write_json(out, result)

@@ -24,6 +24,13 @@ def _knee(a: dict, name: str, system: str, key: str) -> float:
     return math.nan if row is None else row.get("knees", {}).get(system, {}).get(key, math.nan)
 
 
+def listed(names: list[str], among: list[str]) -> str:
+    """`names` joined, or, where they are most of `among`, "all but" the rest."""
+    if len(names) <= len(among) / 2:
+        return ", ".join(names) or "none"
+    return "all but " + ", ".join(n for n in among if n not in names)
+
+
 def _inside(a: dict, quantity: str, names: list[str]) -> list[str]:
     lo, hi = a["paper"][quantity]
     return [n for n in names if lo <= _q(a, n, quantity) <= hi]
@@ -34,28 +41,34 @@ def fig12c(a: dict, results: dict) -> str:
     vllm = _q(a, "baseline", "vLLM sustained (req/s)")
     orca = _q(a, "baseline", "Orca (Oracle) sustained (req/s)")
     lo = a["paper"][ratio][0]
-    both = [r["name"] for r in a["rows"][1:] if not r.get("systems")]  # rows that change both systems alike
+    both = [r["name"] for r in a["rows"][1:] if not r.get("systems") and r["reading"] != "check"]
     reach = _inside(a, ratio, both)
     base = _q(a, "baseline", ratio)
     name, value = max(((n, _q(a, n, ratio)) for n in both), key=lambda nv: abs(nv[1] / base - 1))
-    top = f"{name}, {100 * (value / base - 1):+.0f}%"
-    return (f"At its knee Orca (Oracle) holds {_knee(a, 'baseline', 'Orca (Oracle)', 'requests_resident'):.0f} requests "
-            f"resident (at {_knee(a, 'baseline', 'Orca (Oracle)', 'request_rate'):.1f} req/s) and vLLM "
-            f"{_knee(a, 'baseline', 'vLLM', 'requests_resident'):.0f} (at {_knee(a, 'baseline', 'vLLM', 'request_rate'):.1f} "
-            f"req/s): 60K slots leave Orca's reservations room for batches where steps are already long, so vLLM's "
-            f"extra memory buys little. " + (f"Rows changing both systems that reach the range: {', '.join(reach)}. " if reach
-                                           else "No row changing both systems reaches the range: ")
-            + f"the cost terms move the ratio by {_spread(a, ratio, ('host', 'all-reduce'))}, the scheduler limits by "
-            f"{_spread(a, ratio, ('max_num',))}, the sustained-rate reading by {_spread(a, ratio, ('sustained at',))}; "
-            f"the largest of these ({top}) is a bound, not a measurement. Orca's own rules: batching its prompts with "
-            f"the running decodes gives {_q(a, 'Orca batches prompts with decodes', ratio):.2f}×; a cap on its batch gives "
-            f"{_q(a, 'Orca holds at most 64 sequences', ratio):.2f}× at 64 sequences (it never holds that many) and "
-            f"{_q(a, 'Orca holds at most 32 sequences', ratio):.2f}× at 32. What would have to be true: for the paper's "
-            f"{lo}× our vLLM's {vllm:.2f} req/s needs Orca (Oracle) at most {vllm / lo:.2f} req/s "
+    orca_held = _knee(a, "baseline", "Orca (Oracle)", "requests_resident")
+    vllm_held = _knee(a, "baseline", "vLLM", "requests_resident")
+    cap32, cap64 = (_q(a, f"Orca holds at most {n} sequences", ratio) for n in (32, 64))
+    return (f"At its knee Orca (Oracle) holds {orca_held:.0f} requests resident (at "
+            f"{_knee(a, 'baseline', 'Orca (Oracle)', 'request_rate'):.1f} req/s) and vLLM {vllm_held:.0f} (at "
+            f"{_knee(a, 'baseline', 'vLLM', 'request_rate'):.1f} req/s, {_knee(a, 'baseline', 'vLLM', 'num_preemptions'):.0f} "
+            f"preemptions): 60K slots leave Orca's reservations room for batches where steps are already long, so "
+            f"vLLM's extra memory buys little. " + (f"Rows changing both systems that reach the range: {', '.join(reach)}. "
+                                                  if reach else "No row changing both systems reaches the range: ")
+            + f"the cost terms (host work, bandwidth, FLOP rate, all-reduce) move the ratio by "
+            f"{_spread(a, ratio, ('host', 'HBM', 'tensor-core', 'all-reduce'))}, the scheduler limits and recovery "
+            f"(max_num_seqs, watermark, swap) by {_spread(a, ratio, ('max_num', 'watermark', 'swap'))}, the "
+            f"sustained-rate reading by {_spread(a, ratio, ('sustained at',))}; the largest ({name}, "
+            f"{100 * (value / base - 1):+.0f}%) is a bound, not a measurement. max_num_seqs 512 cannot bind where vLLM "
+            f"holds {vllm_held:.0f} at its knee, and v0.1.x's 4 GiB of swap space is idle under its recompute "
+            f"preemption of single sequences. The workload's 1024 cut is vLLM's own benchmark filter (prompts over 1024 "
+            f"tokens dropped; `jpaged/paper/workloads.py`), and the paper's ShareGPT means are the filtered ones, so no "
+            f"other reading of it is sourced. Orca's own rules: batching its prompts with the running decodes gives "
+            f"{_q(a, 'Orca batches prompts with decodes', ratio):.2f}×; a cap on its batch gives {cap64:.2f}× at 64 "
+            f"sequences and {cap32:.2f}× at 32 (its buddy placement is the paper's, §6.1). What would have to be true: "
+            f"for the paper's {lo}× our vLLM's {vllm:.2f} req/s needs Orca (Oracle) at most {vllm / lo:.2f} req/s "
             f"({100 * (vllm / lo / orca - 1):+.0f}% from ours), i.e. the paper's Orca (Oracle) held at most between 32 "
-            f"and {_knee(a, 'baseline', 'Orca (Oracle)', 'requests_resident'):.0f} sequences on 8 GPUs with 60K slots, "
-            f"or its steps were that much slower than vLLM's; no source we have says either, so the figure stays out "
-            f"of range.")
+            f"and {orca_held:.0f} sequences on 8 GPUs with 60K slots, or its steps were that much slower than vLLM's; "
+            f"no source we have says either, so the figure stays out of range.")
 
 
 def _spread(a: dict, quantity: str, keys: tuple[str, ...]) -> str:
@@ -75,35 +88,61 @@ def fig15(a: dict, results: dict) -> str:
     target = 55.2
     need = pr + (target - sr) / slope if slope and not math.isnan(slope) else math.nan
     preempted = sum(k.get("num_preemptions", 0) for r in a["rows"] for k in r.get("knees", {}).values())
-    return (f"No saving run preempted anything ({preempted} preemptions over all rows), so the swap space (vLLM "
-            f"v0.1.x: 4 GiB per GPU, arg_utils.py) cannot move the saving. The rate and the trace length move the "
-            f"width-6 saving by {_spread(a, q, ('rate', 'traces'))} (the 300 s row, {_q(a, '300 s traces', q):.1f}%, sits "
-            f"just inside the ±10% band; the figure's 60 s trace is not the cause of the gap). The block size moves it "
+    lo, hi = a["paper"][q]
+    trace = _q(a, "300 s traces", q)
+    return (f"{'No saving run preempted anything' if not preempted else f'The saving runs preempted {preempted} times'} "
+            f"({preempted} preemptions over all rows), so the swap space (v0.1.x's 4 GiB: "
+            f"{_q(a, 'swap space 4 GiB', q):.1f}%) cannot move the saving; neither do the admission limits "
+            f"(max_num_seqs 512: {_q(a, 'max_num_seqs 512', q):.1f}%, watermark 0: {_q(a, 'watermark 0', q):.1f}%). "
+            f"The rate moves the width-6 saving by {_spread(a, q, ('saving rate',))}, and a trace five times the "
+            f"figure's by {100 * (trace / sr - 1):+.1f}% ({trace:.1f}%, "
+            f"{'inside' if lo <= trace <= hi else 'outside'} the ±10% band; the figure's 60 s trace is "
+            f"{'not ' if abs(trace / sr - 1) < 0.05 else ''}the cause of the gap). The block size moves it "
             f"most (8: {_q(a, 'block size 8', q):.1f}%, 32: {_q(a, 'block size 32', q):.1f}%): a beam that diverges "
             f"copies its whole last block, so larger blocks share less. But the paper fixes 16 (its default block size, "
-            f"the one Fig. 18 evaluates against), so that row bounds the granularity's effect and is no reading of the paper. "
-            f"What remains is the branching: the two branching models differ by {sr - ss:+.1f} points at {pr:.2f} vs "
-            f"{ps:.2f} distinct parents per step (of 6 beams); read as a line, the paper's {target}% needs about "
-            f"{need:.1f} distinct parents per step, nearly every beam keeping exactly one child at every step, so that "
-            f"beams share little beyond the prompt. OPT-13B's beams on Alpaca may branch that way (the paper gives no "
-            f"branching statistics); our 2.4M-parameter model's on code do not, so the figure stays out of range by "
-            f"its branching model, which no source fixes.")
+            f"the one Fig. 18 evaluates against, and v0.1.x's EngineArgs default), so that row bounds the granularity's "
+            f"effect and is no reading of the paper. What remains is the branching: the two branching models differ by "
+            f"{sr - ss:+.1f} points at {pr:.2f} vs {ps:.2f} distinct parents per step (of 6 beams); read as a line, the "
+            f"paper's {target}% needs about {need:.1f} distinct parents per step, nearly every beam keeping exactly one "
+            f"child at every step, so that beams share little beyond the prompt. OPT-13B's beams on Alpaca may branch "
+            f"that way (the paper gives no branching statistics); our 2.4M-parameter model's on code do not, so the "
+            f"figure stays out of range by its branching model, which no source fixes.")
 
 
 def fig16(a: dict, results: dict) -> str:
     steps = results.get("shared_prefix_steps")
     five, one = "341-token prefix: vLLM / Orca (Oracle)", "80-token prefix: vLLM / Orca (Oracle)"
     late = "sustained at 8x the unloaded latency"
-    both = _inside(a, one, [r["name"] for r in a["rows"]])
-    both = [n for n in both if n in _inside(a, five, [n])]
-    only_one = [n for n in _inside(a, one, [r["name"] for r in a["rows"]]) if n not in both]
-    text = (f"The step measurement (Fig. 16's section) gives the cause: at the sustained rates Orca (Oracle) is bound "
-            f"by memory and vLLM by step time, with KV to spare, so the prefix's block alignment and the KV memory barely move "
-            f"the ratio (block size 8: {_q(a, 'block size 8', one):.2f}× / {_q(a, 'block size 8', five):.2f}×, 32: "
-            f"{_q(a, 'block size 32', one):.2f}× / {_q(a, 'block size 32', five):.2f}×, 1-shot / 5-shot) while what prices "
-            f"steps does. Rows inside the paper's range for the 1-shot prefix only: {', '.join(only_one) or 'none'}; for "
-            f"both prefixes: {', '.join(both) or 'none'}. Batching Orca's prompts with its decodes moves the other way "
-            f"({_q(a, 'Orca batches prompts with decodes', one):.2f}× / {_q(a, 'Orca batches prompts with decodes', five):.2f}×).")
+    names = [r["name"] for r in a["rows"] if r["reading"] != "check"]
+
+    def pair(name: str) -> str:
+        return f"{_q(a, name, one):.2f}× / {_q(a, name, five):.2f}×"
+
+    both = [n for n in _inside(a, one, names) if n in _inside(a, five, [n])]
+    only_one = [n for n in _inside(a, one, names) if n not in both]
+    checks = [r for r in a["rows"] if r["reading"] == "check"]
+    rates = results.get("shared_prefix", {}).get("sustained_rate", {})
+    committed = " / ".join(f"{rates[n]['vllm'] / rates[n]['orca_oracle']:.2f}×" for n in ("80", "341") if n in rates)
+    worst = max((abs(_q(a, r["name"], q) / _q(a, r.get("compare_with", "baseline"), q) - 1) for r in checks
+                 for q in (one, five)), default=math.nan)
+    text = (("On the figure's own 300 s traces " + "; ".join(
+                f"{r['name'].removesuffix(', 300 s traces').replace('300 s traces', 'the baseline')} gives "
+                f"{pair(r['name'])} against {pair(r.get('compare_with', 'baseline'))} on 60 s" for r in checks)
+             + f": the 60 s traces read both ratios to within {100 * worst:.0f}%, so the other rows run on them"
+             + (f" (the committed figure, on 300 s traces and its own rates, gives {committed}: the rate grid's "
+                f"interpolation alone moves the ratios that much)" if committed else "") + ". "
+             if checks else "")
+            + f"The step measurement (Fig. 16's section) gives the cause: at the sustained rates Orca (Oracle) is bound "
+            f"by memory and vLLM by step time, with KV to spare, so the prefix's block alignment and vLLM's memory "
+            f"limits barely move the ratio (1-shot / 5-shot: block size 8 {pair('block size 8')}, 32 "
+            f"{pair('block size 32')}; the prefix not pre-stored {pair('prefix not pre-stored')}; max_num_seqs 512 "
+            f"{pair('max_num_seqs 512')}; watermark 0 {pair('watermark 0')}; v0.1.x's swap space "
+            f"{pair('swap space 4 GiB')}, against the baseline's {pair('baseline')}) while what prices steps does. "
+            f"Rows inside the paper's range for the 1-shot prefix only: {', '.join(only_one) or 'none'}; for both "
+            f"prefixes: {', '.join(both) or 'none'}. Batching Orca's prompts with its decodes moves the other way "
+            f"({pair('Orca batches prompts with decodes')}). The workload's readings (WMT16 input and output lengths, "
+            f"which the paper does not give) move the ratios by {_spread(a, one, ('task inputs', 'outputs'))} (1-shot) "
+            f"and {_spread(a, five, ('task inputs', 'outputs'))} (5-shot).")
     if steps:
         need = {p["prefix_len"]: p for p in steps["points"] if p["role"] == "paper_ratio"}
         thresholds = results.get("shared_prefix", {}).get("latency_threshold", {})
@@ -118,7 +157,7 @@ def fig16(a: dict, results: dict) -> str:
                                                              ("ablation_chatbot", "Fig. 17"))]
     read = [f"{label} " + "/".join(f"{_q(o, late, q):.2f}" for q in o["paper"]) + "×" for o, label in others if o]
     if read:
-        text += (f" No source fixes that factor, and read the same way the other figures stay out of range ("
+        text += (" No source fixes that factor, and read the same way the other figures stay out of range ("
                  + "; ".join(read) + "), so it cannot be adopted for Fig. 16 alone: the figure stays out of range "
                  "under the committed reading, and in range only if the paper's knees are read at about 8× the "
                  "unloaded latency.")
@@ -139,19 +178,30 @@ def fig17(a: dict, results: dict) -> str:
     def ratios(name: str) -> str:
         return "/".join(f"{_q(a, name, f'vLLM / {o}'):.2f}" for o in orcas)
 
-    rows = [r["name"] for r in a["rows"]]
+    rows = [r["name"] for r in a["rows"] if r["reading"] != "check"]
     reach = {o: _inside(a, f"vLLM / {o}", rows) for o in orcas}
     all_three = [n for n in rows if all(n in v for v in reach.values())]
-    two, eight = "2 rounds per conversation", "8 rounds per conversation"
+
+    two, eight, short = "2 rounds per conversation", "8 rounds per conversation", "300 s traces"
     v8 = _q(a, eight, "vLLM sustained (req/s)")
-    return (f"The rounds per conversation, which no source fixes, pull the claim's two halves apart. With 2 rounds "
+    moved = "/".join(f"{100 * (_q(a, short, f'vLLM / {o}') / _q(a, 'baseline', f'vLLM / {o}') - 1):+.0f}"
+                     for o in orcas)
+    return (f"The 300 s check (the previous ablation's trace) moves all three ratios, by {moved}% "
+            f"({ratios(short)}×), so every row here runs on the figure's own 600 s. "
+            f"The rounds per conversation, which no source fixes, pull the claim's two halves apart. With 2 rounds "
             f"({cut(two):.0f}% of prompts at the 1024 cut) vLLM / Orca (Oracle, Pow2, Max) is {ratios(two)}× but the "
             f"Orca variants' rates spread {spread(two):.0f}%; with 8 ({cut(eight):.0f}% at the cut) they behave alike "
-            f"(spread {spread(eight):.0f}%) and vLLM's advantage falls to {ratios(eight)}× (baseline, {cut('baseline'):.0f}% at "
-            f"the cut: {ratios('baseline')}×, spread {spread('baseline'):.0f}%). Rows inside the paper's ~2× for each: "
-            + "; ".join(f"{o}: {', '.join(v) if v else 'none'}" for o, v in reach.items())
-            + f"; for all three at once: {', '.join(all_three) if all_three else 'none'}. Orca's batching rule "
-            f"({ratios('Orca batches prompts with decodes')}×) and the cost terms move the ratios less than the rounds do. "
+            f"(spread {spread(eight):.0f}%) and vLLM's advantage is {ratios(eight)}× (baseline, {cut('baseline'):.0f}% at "
+            f"the cut: {ratios('baseline')}×, spread {spread('baseline'):.0f}%). Rows inside the paper's ~2×: "
+            + "; ".join(f"for {o}, {listed(reach[o], rows)}" for o in orcas)
+            + f"; for all three at once, {', '.join(all_three) if all_three else 'none'}. Orca's batching rule "
+            f"({ratios('Orca batches prompts with decodes')}×), the cost terms (host work, FLOP rate, bandwidth: "
+            f"{_spread(a, 'vLLM / Orca (Oracle)', ('host', 'tensor-core', 'HBM'))} on vLLM / Orca (Oracle)) and vLLM's "
+            f"admission and recovery (watermark 0: {ratios('watermark 0')}×, 0.05: {ratios('watermark 0.05')}×; "
+            f"preemption by swap into v0.1.x's 4 GiB: {ratios('preemption by swap, 327 host blocks')}×, where the "
+            f"baseline preempts {_knee(a, 'baseline', 'vLLM', 'num_preemptions'):.0f} times at vLLM's knee) move the "
+            f"ratios less than the rounds do; max_num_seqs cannot bind where vLLM holds "
+            f"{_knee(a, 'baseline', 'vLLM', 'requests_resident'):.0f} requests at its knee (the cap is 256), so it has no row. "
             f"What would have to be true: the paper's alike Orcas mean most prompts at the cut, as with 8 rounds; there "
             f"2× needs Orca (Oracle) at most {v8 / 2:.2f} req/s against our vLLM's {v8:.2f} (ours "
             f"{_q(a, eight, 'Orca (Oracle) sustained (req/s)'):.2f}), {100 * (1 - v8 / 2 / _q(a, eight, 'Orca (Oracle) sustained (req/s)')):.0f}% "

@@ -4,7 +4,7 @@ Each experiment writes its JSON and figures as its own entry point does; the rep
 (`experiments.report.document`) is then rewritten from the JSON files. The full run includes the slow
 real-hardware benchmarks (kernel_bench, bench_host, serve_real), the real model's beam searches
 (record_beams), the six paper panels of Figs. 12/13 with their sensitivity runs, and the ablations of
-the figures outside the paper's range (ABLATIONS; quick mode keeps only their source-backed rows). `--quick`
+the figures outside the paper's range (ABLATIONS; quick mode keeps only their baseline and source-backed rows, on short grids). `--quick`
 skips those and runs shortened copies of the other configs (shorter traces, fewer points: the
 overrides in QUICK) into results/quick/, with their own REPORT.md there (its beam-search replay
 reads the committed results/beam_traces.npz). `--skip NAME ...` leaves out the named configs
@@ -38,7 +38,7 @@ from experiments.report.document import write_report
 from jpaged.config import load_config
 
 # The figures outside the paper's range, each rerun with one modelling choice changed at a time
-# (configs/ablation/<name>.yaml); quick mode runs only their source-backed rows.
+# (configs/ablation/<name>.yaml); quick mode runs only their baseline and source-backed rows, on short grids.
 ABLATIONS = ("chatbot", "throughput_opt175b_sharegpt", "shared_prefix", "parallel_sampling")
 # (module under experiments/, config under configs/) in order; the module's run(config) and its config
 # class are looked up by name.
@@ -79,10 +79,18 @@ QUICK = {
     "chatbot": {"duration_s": 200.0, "rates": {"vllm": [0.5, 1.0, 1.5, 2.0], "orca_oracle": [0.25, 0.5, 1.0, 1.5],
                                                "orca_pow2": [0.25, 0.5, 1.0, 1.5], "orca_max": [0.25, 0.5, 1.0, 1.5]}},
     "shared_prefix_steps": {"duration_s": 30.0, "sustained_from": "results/quick/shared_prefix.json"},
-    "ablation/chatbot": {"readings": ["source"]},
-    "ablation/throughput_opt175b_sharegpt": {"readings": ["source"]},
-    "ablation/shared_prefix": {"readings": ["source"]},
-    "ablation/parallel_sampling": {"readings": ["source"]},
+    # the ablations: the baseline and the source-backed rows only, on grids as short as the figures' above
+    "ablation/chatbot": {"readings": ["source"], "common": {
+        "duration_s": 200.0, "rates": {"vllm": [0.5, 1.0, 1.5, 2.0], "orca_oracle": [0.25, 0.5, 1.0, 1.5],
+                                       "orca_pow2": [0.25, 0.5, 1.0, 1.5], "orca_max": [0.25, 0.5, 1.0, 1.5]}}},
+    "ablation/throughput_opt175b_sharegpt": {"readings": ["source"], "common": {
+        "systems": ["vllm", "orca_oracle"], "duration_s": 120.0,
+        "rates": {"vllm": [0.5, 2.0, 3.0, 4.0, 6.0], "orca_oracle": [0.5, 1.5, 2.5, 3.5, 5.0]}}},
+    "ablation/shared_prefix": {"readings": ["source"], "common": {
+        "duration_s": 30.0, "rates": {"vllm_80": [10, 30, 40, 50], "orca_oracle_80": [5, 20, 30, 40],
+                                      "vllm_341": [5, 20, 30, 40], "orca_oracle_341": [2, 8, 12, 15]}}},
+    "ablation/parallel_sampling": {"readings": ["source"], "common": {
+        "sweep_datasets": [], "saving_datasets": ["alpaca"], "modes": ["beam"], "widths": [2, 6], "duration_s": 30.0}},
     "block_size": {"duration_s": 60.0, "block_sizes": [1, 4, 16, 64, 256]},
     "preemption": {"duration_s": 120.0, "block_sizes": [1, 4, 16, 64, 256], "seq_len": 256, "repeats": 2},
     "chunked_prefill": {"duration_s": 120.0, "rates": [1.0, 2.0, 3.0], "real": None},

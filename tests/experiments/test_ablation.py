@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ablation import AblationConfig, Variant, figure_config, run, set_fields
+from experiments.ablation import AblationConfig, Variant, figure_config, report, run, set_fields
 from experiments.common import REPO_ROOT
 from jpaged.config import load_config
 from jpaged.config.loading import config_from_dict
@@ -32,6 +32,7 @@ def test_set_fields_names_a_field_the_config_lacks(dotted, message):
     ({"readings": ["guess"]}, "readings must list"),
     ({"variants": [{"name": "v", "set": {}}]}, "must change at least one field"),
     ({"variants": [{"name": "v", "set": {"seed": 1}, "reading": "hunch"}]}, "reading must be"),
+    ({"variants": [{"name": "v", "set": {"seed": 1}, "compare_with": "w"}]}, "compare_with must name an earlier row"),
 ])
 def test_config_errors_name_the_field(data, message):
     with pytest.raises(ValueError, match=message):
@@ -73,3 +74,16 @@ def test_a_small_chatbot_ablation(tmp_path):
     assert set(reread["quantities"]) == set(base["quantities"])
     ratio = base["quantities"]["vLLM / Orca (Oracle)"]
     assert ratio == base["quantities"]["vLLM sustained (req/s)"] / base["quantities"]["Orca (Oracle) sustained (req/s)"]
+
+
+def test_a_check_row_is_measured_against_its_twin_and_is_no_modelling_choice():
+    rows = [{"name": "baseline", "reading": "baseline", "set": {}, "quantities": {"r": 2.0}, "why": ""},
+            {"name": "fast", "reading": "bound", "set": {"x": 1}, "quantities": {"r": 3.0}, "why": ""},
+            {"name": "fast, long", "reading": "check", "set": {"x": 1, "d": 2}, "quantities": {"r": 3.3}, "why": "",
+             "compare_with": "fast"}]
+    a = {"rows": rows, "paper": {"r": [2.9, 3.1]}, "columns": []}
+    lines = report.table(a, None).splitlines()
+    assert "fast, long (change vs fast)" in lines[-1] and "(+10%)" in lines[-1]
+    changes, inside, source = report.moves(a, "r")
+    assert [name for name, _ in changes] == ["fast"] and inside == ["fast"] and source == []
+    assert report.checks(a, "r") == [("fast, long", "fast", 3.3, pytest.approx(0.1))]
