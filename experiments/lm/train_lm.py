@@ -11,7 +11,7 @@ generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json
 chat template), plus train_summary.json (held-out loss, samples, timing, provenance). The reported
 numbers are measured on the saved files, reloaded through `import_hf`.
 
-The same command trains a draft model for speculative decoding (configs/train_draft_lm.yaml):
+The same command trains a draft model for speculative decoding (configs/train_lm_draft.yaml):
 `tokenizer_from` reuses another model's tokenizer files instead of training a BPE, and
 `distill_from` names the model it drafts for, whose logits can join the loss and whose greedy
 continuations it is measured against (top-1 agreement, tokens per verify step).
