@@ -263,8 +263,8 @@ def test_compile_grid_stops_between_programs_when_told(monkeypatch):
     stop = threading.Event()
     lower_model = engine.executor.lower_model
 
-    def lower_then_stop(plan):  # the first program is lowered (and compiles), then a shutdown asks to stop
-        lowered = lower_model(plan)
+    def lower_then_stop(plan, draft=False):  # the first program is lowered (and compiles), then a shutdown asks to stop
+        lowered = lower_model(plan, draft)
         stop.set()
         return lowered
 
