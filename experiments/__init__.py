@@ -3,7 +3,7 @@ writes its results atomically with their provenance.
 
 - The paper's figures, one package each, `python -m experiments.<name> --config configs/<name>.yaml`:
   throughput, memory_waste, parallel_sampling, shared_prefix, chatbot, kernel_bench, block_size,
-  preemption, record_beams, chunked_prefill, sim_validation. A package holds the experiment
+  preemption, record_beams, chunked_prefill, sim_validation, spec_sim. A package holds the experiment
   (__init__.py: its config dataclass, run, main), its section of results/REPORT.md (report.py) and
   the plots only it draws (plots.py).
 - The rest, `python -m experiments.<group>.<name> --config configs/<name>.yaml`: bench/ (jpaged's own

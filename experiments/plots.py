@@ -20,11 +20,11 @@ COLORS = {"vllm": "tab:red", "orca_oracle": "tab:blue", "orca_pow2": "tab:cyan",
 MARKERS = {"vllm": "o", "orca_oracle": "s", "orca_pow2": "^", "orca_max": "v", "fastertransformer": "x"}
 
 
-def save(fig, path: str | Path) -> Path:
-    """Writes `fig` as a PNG (creating the folder) and closes it."""
+def save(fig, path: str | Path, dpi: int = 130) -> Path:
+    """Writes `fig` as a PNG at `dpi` (creating the folder) and closes it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -1,4 +1,4 @@
-"""Held-out loss and greedy samples of the asset language model (dense forward, no cache).
+"""Held-out loss, greedy samples and (for a draft model) greedy agreement with a target (dense forward, no cache).
 
 Used by experiments/lm/train_lm.py on the saved model, reloaded through the project's Hugging Face
 importer, so the reported numbers are those of the committed files.
@@ -77,3 +77,47 @@ def greedy(spec, params, prompts: list[list[int]], max_new_tokens: int, stop_ids
         if done.all():
             break
     return out
+
+
+def greedy_agreement(spec, params, target_spec, target_params, prompts: list[list[int]], max_new_tokens: int,
+                     stop_ids: tuple[int, ...], k: int) -> dict[str, float]:
+    """How often a draft model's argmax is the target's greedy token, given the target's prefix.
+
+    The target continues each prompt greedily (up to `max_new_tokens`, through a stop token); the
+    draft then reads prompt + continuation in one dense forward (teacher forcing). Under greedy
+    verification this is exact, not a model: a drafted token is accepted iff it equals the target's,
+    and while drafts are accepted the draft's context is the target's. So the replay of speculative
+    decoding with `k` drafted tokens per verify step (accept the longest matching run, then the
+    target's own token) gives the tokens each target step yields, measured; the i.i.d. estimate
+    (1 - a^(k+1)) / (1 - a) from the agreement rate a is reported beside it.
+    """
+    longest = max(len(p) for p in prompts)
+    continuations = greedy(target_spec, target_params, prompts, max_new_tokens, stop_ids, longest + max_new_tokens)
+    buf = np.zeros((len(prompts), longest + max_new_tokens), np.int32)
+    for row, (p, c) in enumerate(zip(prompts, continuations)):
+        buf[row, :len(p) + len(c)] = p + c
+    predicted = np.asarray(jax.jit(lambda t: model.forward(spec, params, t).argmax(-1))(jnp.asarray(buf)))
+    hits = [predicted[row, len(p) - 1:len(p) - 1 + len(c)] == np.asarray(c)  # position i predicts c[i]
+            for row, (p, c) in enumerate(zip(prompts, continuations))]
+    a = float(np.concatenate(hits).mean())
+    return {"agreement_positions": sum(len(h) for h in hits), "greedy_agreement": a,
+            f"greedy_tokens_per_verify_step_k{k}": tokens_per_verify_step(hits, k),
+            f"iid_tokens_per_verify_step_k{k}": (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0}
+
+
+def tokens_per_verify_step(hits: list[np.ndarray], k: int) -> float:
+    """Greedy speculative decoding replayed on per-position draft hits: tokens per target step.
+
+    Each verify step accepts the run of hits from the current position (at most k) and adds the
+    target's own next token; a sequence's last step may yield fewer where the sequence ends.
+    """
+    steps = 0
+    for hit in hits:
+        i = 0
+        while i < len(hit):
+            run = 0
+            while run < k and i + run < len(hit) and hit[i + run]:
+                run += 1
+            i += run + 1
+            steps += 1
+    return sum(len(h) for h in hits) / steps

@@ -62,6 +62,13 @@ def param_count(params: Params) -> int:
     return decoder.param_count(params)
 
 
+def flops_per_token(spec: ModelSpec, context: int) -> int:
+    """Forward FLOPs of one token attending to `context` tokens: weight matmuls, LM head, QK^T and PV."""
+    h = spec.hidden_size
+    per_layer = 2 * h * spec.q_size + 2 * h * spec.kv_size + 3 * h * spec.intermediate_size
+    return 2 * (spec.num_layers * per_layer + spec.vocab_size * h) + 4 * spec.num_layers * spec.q_size * context
+
+
 def hf_tensors(spec: ModelSpec, params: Params, dtype: str) -> dict[str, np.ndarray]:
     """`params` as LlamaForCausalLM's safetensors tensors ("model.layers.0.self_attn.q_proj.weight", ...)."""
     out = {}

@@ -10,6 +10,11 @@ the token stream. The output directory is what `transformers.LlamaForCausalLM.fr
 generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a ChatML
 chat template), plus train_summary.json (held-out loss, samples, timing, provenance). The reported
 numbers are measured on the saved files, reloaded through `import_hf`.
+
+The same command trains a draft model for speculative decoding (configs/train_draft_lm.yaml):
+`tokenizer_from` reuses another model's tokenizer files instead of training a BPE, and
+`distill_from` names the model it drafts for, whose logits can join the loss and whose greedy
+continuations it is measured against (top-1 agreement, tokens per verify step).
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from jpaged.models.checkpoint import import_hf
 from jpaged.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+# What a model shares with the one whose tokenizer it reuses: ids, special tokens, chat template, stops.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +77,16 @@ class TrainLMConfig:
     sample_chat: tuple[str, ...] = ("Write a Python function `is_even(n)`. Return True if n is even.",)  # user turns
     sample_tokens: int = 64  # tokens per greedy sample
     output: str = "assets/stdlib-lm"  # Hugging Face directory written (replaced)
+    tokenizer_from: str = ""  # HF directory whose tokenizer files are copied instead of training a BPE ("": train)
+    distill_from: str = ""  # HF directory of the model this one drafts for (same tokenizer files); "": none
+    # Loss = (1 - w) * cross-entropy on the data + w * KL(target || model) on the same windows. A
+    # draft is worth what it agrees with the target, not with the data: the soft labels carry the
+    # target's ranking of every token (its argmax is the one verification accepts greedily).
+    distill_weight: float = 0.0
+    agreement_prompts: int = 64  # held-out prompts the greedy agreement with distill_from is measured on
+    agreement_prompt_tokens: int = 64  # tokens per such prompt (a window of the held-out stream)
+    agreement_tokens: int = 64  # target greedy tokens per prompt that the model must predict
+    speculative_k: int = 4  # drafted tokens per verify step in the reported tokens per step
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "short_seq_len", "sample_tokens", "chat_max_chars"):
@@ -81,6 +99,16 @@ class TrainLMConfig:
                              f"a multiple of seq_len, got {self.short_seq_len}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"warmup_steps: must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight: must be in [0, 1], got {self.distill_weight}")
+        if self.distill_weight > 0 and not self.distill_from:
+            raise ValueError("distill_weight: > 0 needs distill_from (the model whose logits are the soft labels)")
+        for name in ("agreement_prompts", "agreement_prompt_tokens", "agreement_tokens", "speculative_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.distill_from and self.agreement_prompt_tokens + self.agreement_tokens > self.seq_len:
+            raise ValueError(f"agreement_prompt_tokens + agreement_tokens: must be <= seq_len ({self.seq_len}), "
+                             f"got {self.agreement_prompt_tokens + self.agreement_tokens}")
 
 
 def _streams(tok: Tokenizer, train_docs: list[str], held_docs: list[str], seed: int) -> tuple[np.ndarray, ...]:
@@ -99,23 +127,37 @@ def _documents(config: TrainLMConfig, tok: Tokenizer, texts: list[str]) -> tuple
     return texts + chats, len(chats)
 
 
-def train(config: TrainLMConfig, spec, stream: np.ndarray) -> tuple[dict, list[float], float]:
-    """AdamW over random windows of `stream`; (params, per-step losses, CPU seconds)."""
+def train(config: TrainLMConfig, spec, stream: np.ndarray,
+          teacher: tuple | None = None) -> tuple[dict, list[float], float]:
+    """AdamW over random windows of `stream`; (params, per-step cross-entropy losses, CPU seconds).
+
+    With `teacher` = (spec, params) and `config.distill_weight` > 0, the loss mixes in the KL
+    divergence from the teacher's next-token distribution on the same windows.
+    """
     params = model.init_params(spec, config.seed)
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps,
                                                   config.steps, config.learning_rate * 0.1)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay))
     opt_state = optimizer.init(params)
 
-    def loss_fn(params, tokens):  # tokens [B, seq_len + 1]: position t predicts t + 1
-        logits = model.forward(spec, params, tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    w = config.distill_weight if teacher is not None else 0.0
+    teacher_spec, teacher_params = teacher if w > 0 else (None, None)
 
+    def loss_fn(params, teacher_params, tokens):  # tokens [B, seq_len + 1]: position t predicts t + 1
+        logits = model.forward(spec, params, tokens[:, :-1])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        if not w:
+            return ce, ce
+        target = jax.nn.log_softmax(model.forward(teacher_spec, teacher_params, tokens[:, :-1]))
+        kl = (jnp.exp(target) * (target - jax.nn.log_softmax(logits))).sum(-1).mean()
+        return (1 - w) * ce + w * kl, ce
+
+    # The teacher's weights are an argument, not a constant folded into the compiled step.
     @functools.partial(jax.jit, donate_argnums=(0, 1))  # update the parameters and moments in place
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+    def step(params, opt_state, teacher_params, tokens):
+        (_, ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, teacher_params, tokens)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, ce
 
     rng = np.random.default_rng(config.seed + 1)
     losses, cpu0 = [], time.process_time()
@@ -124,7 +166,7 @@ def train(config: TrainLMConfig, spec, stream: np.ndarray) -> tuple[dict, list[f
         length = config.seq_len if i >= config.steps - config.long_steps else config.short_seq_len
         starts = rng.integers(0, len(stream) - length - 1, config.batch_size * config.short_seq_len // length)
         batch = np.stack([stream[s:s + length + 1] for s in starts])  # [windows, length + 1]
-        params, opt_state, loss = step(params, opt_state, jnp.asarray(batch))
+        params, opt_state, loss = step(params, opt_state, teacher_params, jnp.asarray(batch))
         losses.append(float(loss))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return params, losses, time.process_time() - cpu0
@@ -140,14 +182,50 @@ def _hf_config(config: TrainLMConfig, tok: Tokenizer) -> dict:
 
 
 def _save_model(directory: Path, hf: dict, tok: Tokenizer, spec, params) -> None:
-    """config.json, generation_config.json (stops at EOS and at the end of an assistant turn), weights."""
+    """config.json, generation_config.json (stops at EOS and at the end of an assistant turn), weights.
+
+    A generation_config.json already in `directory` (copied with a shared tokenizer) is kept.
+    """
     (directory / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    generation = {"bos_token_id": tok.bos_token_id,
-                  "eos_token_id": [tok.eos_token_id, tok.token_to_id(tokenizer.IM_END)],
-                  "pad_token_id": tok.pad_token_id}
-    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if not (directory / "generation_config.json").exists():
+        generation = {"bos_token_id": tok.bos_token_id,
+                      "eos_token_id": [tok.eos_token_id, tok.token_to_id(tokenizer.IM_END)],
+                      "pad_token_id": tok.pad_token_id}
+        (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     save_file(model.hf_tensors(spec, params, hf["torch_dtype"]), str(directory / "model.safetensors"),
               metadata={"format": "pt"})
+
+
+def _copy_tokenizer(source: Path, directory: Path) -> None:
+    """Copies `source`'s tokenizer and generation files, so both models map text to the same ids and stop alike."""
+    directory.mkdir(parents=True)
+    for name in TOKENIZER_FILES:
+        if not (source / name).is_file():
+            raise ValueError(f"tokenizer_from: {source} has no {name}")
+        shutil.copyfile(source / name, directory / name)
+
+
+def _load_teacher(config: TrainLMConfig, directory: Path) -> tuple:
+    """(spec, float32 params) of `distill_from`, refused unless its tokenizer.json equals the one in `directory`."""
+    source = Path(config.distill_from)
+    if (source / "tokenizer.json").read_bytes() != (directory / "tokenizer.json").read_bytes():
+        raise ValueError(f"distill_from: {source}/tokenizer.json differs from this model's tokenizer "
+                         "(set tokenizer_from to it)")
+    return import_hf(source, name=source.name)
+
+
+def _agreement(config: TrainLMConfig, spec, params, teacher: tuple, stream: np.ndarray,
+               stop_ids: tuple[int, ...]) -> dict:
+    """Greedy agreement with `distill_from` on evenly spaced windows of the held-out stream."""
+    n, length = config.agreement_prompts, config.agreement_prompt_tokens
+    starts = np.linspace(0, len(stream) - length, n).astype(int)
+    prompts = [stream[s:s + length].tolist() for s in starts]
+    context = config.seq_len // 2  # a mid-window token: its attention cost is counted too
+    flops = model.flops_per_token(spec, context), model.flops_per_token(teacher[0], context)
+    return {"flops_per_token": flops[0], "target_flops_per_token": flops[1], "flops_context": context,
+            "target_over_draft_flops": flops[1] / flops[0],
+            **evaluate.greedy_agreement(spec, params, *teacher, prompts, config.agreement_tokens, stop_ids,
+                                        config.speculative_k)}
 
 
 def run(config: TrainLMConfig) -> dict:
@@ -160,8 +238,15 @@ def run(config: TrainLMConfig) -> dict:
     out = Path(config.output)
     staging = out.with_name(out.name + ".partial")  # replaced atomically at the end
     shutil.rmtree(staging, ignore_errors=True)
-    tokenizer.save_tokenizer(tokenizer.train_tokenizer(train_texts, config.vocab_size), staging, config.seq_len)
+    if config.tokenizer_from:
+        _copy_tokenizer(Path(config.tokenizer_from), staging)
+    else:
+        tokenizer.save_tokenizer(tokenizer.train_tokenizer(train_texts, config.vocab_size), staging, config.seq_len)
     tok = Tokenizer.from_dir(staging)
+    if config.tokenizer_from and tok.vocab_size != config.vocab_size:
+        raise ValueError(f"vocab_size: {config.vocab_size}, but the tokenizer of {config.tokenizer_from} has "
+                         f"{tok.vocab_size} ids")
+    teacher = _load_teacher(config, staging) if config.distill_from else None
     train_docs, train_chats = _documents(config, tok, train_texts)
     held_docs, held_chats = _documents(config, tok, held_texts)
     train_stream, held_stream = _streams(tok, train_docs, held_docs, config.seed)
@@ -170,7 +255,7 @@ def run(config: TrainLMConfig) -> dict:
 
     hf = _hf_config(config, tok)
     spec = model.spec_of(hf, out.name)
-    params, losses, cpu_seconds = train(config, spec, train_stream)
+    params, losses, cpu_seconds = train(config, spec, train_stream, teacher)
     _save_model(staging, hf, tok, spec, params)
 
     # Evaluate exactly what was written: weights through the importer, tokenizer with its stop ids.
@@ -186,6 +271,8 @@ def run(config: TrainLMConfig) -> dict:
     generated = evaluate.greedy(spec, saved, prompts, config.sample_tokens, tok.eos_token_ids, config.seq_len)
     samples = [{"prompt": tok.decode(p, skip_special_tokens=False), "greedy": tok.decode(g, skip_special_tokens=False)}
                for p, g in zip(prompts, generated)]
+    if teacher is not None:
+        metrics |= _agreement(config, spec, saved, teacher, held_stream, tok.eos_token_ids)
     summary = {
         "num_params": model.param_count(params), "train_tokens_per_epoch": int(len(train_stream)),
         "train_chat_examples": train_chats, "tokens_seen": config.steps * config.batch_size * config.short_seq_len,

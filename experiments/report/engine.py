@@ -1,8 +1,8 @@
 """REPORT.md sections on the engine rather than a paper figure: the simulator's own speed, the real
 executor through the figures' path (both from throughput runs), host overhead per sequence-step
 (experiments/bench, beside nano-vllm's scheduler from experiments/peers), the real engine against
-vLLM's CPU build, and against static batching on this CPU; and `jpaged serve` against `vllm serve`
-driven by vLLM's own benchmark client."""
+vLLM's CPU build, and against static batching on this CPU; speculative decoding against the same
+engine without it; and `jpaged serve` against `vllm serve` driven by vLLM's own benchmark client."""
 
 from __future__ import annotations
 
@@ -149,3 +149,42 @@ def serving_against_vllm(results: dict, figures: Figures) -> str:
                   f"{min(loads):.1f}-{max(loads):.1f} ({prov['date'][:10]}, {prov['git_sha'][:7]}):\n\n"
                   + "\n".join(rows) + "\n\nBelow 1 is better for jpaged except for output tok/s. "
                   "docs/notes/serving.md reads the numbers.")
+
+
+def spec_decode(results: dict, figures: Figures) -> str:
+    """Speculative decoding measured on this CPU: output tok/s against the same engine without it
+    (the benchmark's batches, then the sweep that sets its batch threshold)."""
+    out = "## Speculative decoding on this CPU (measured)\n\n"
+    if "spec_decode" not in results:
+        return out + not_run("bench.spec_decode")
+    out += _spec_table(results["spec_decode"], "spec_decode") + "\n\n"
+    if "spec_decode_sweep" in results:
+        out += ("Where it stops paying, without a batch threshold (this sweep set the threshold above): "
+                + _spec_table(results["spec_decode_sweep"], "spec_decode_sweep") + "\n\n")
+    return out + ("The verify step costs what a decode costs while its tokens stay inside the decode's token bucket "
+                  "(a batch of one pads to 8 tokens), so at batch 1 the gain follows the acceptance length; beyond "
+                  "that the CPU's step time grows with its tokens, and a verify step of B (k + 1) tokens costs more "
+                  "than the tokens it saves: `disable_by_batch_size` turns speculation off there "
+                  "([speculative-decoding](../docs/notes/speculative-decoding.md)).")
+
+
+def _spec_table(r: dict, config: str) -> str:
+    """One spec_decode result file: its set-up and a row per (workload, batch, speculative config)."""
+    prov, cfg = r["provenance"], r["provenance"]["config"]
+    loads = [run["load_average_before"][0] for run in r["runs"]]
+    rows = ["| workload | batch | speculative config | off tok/s | with tok/s | speedup (runs) | CPU / token, off / with | "
+            "acceptance length |", "|---|---|---|---|---|---|---|---|"]
+    for row in r["summary"]:
+        runs = ", ".join(f"{x:.2f}" for x in row["speedups"])
+        length = row["acceptance_length_median"]
+        rows.append(f"| {row['workload']} | {row['batch']} | {row['speculative']} | {row['off_tok_s_median']:.0f} | "
+                    f"{row['spec_tok_s_median']:.0f} | **{row['speedup_median']:.2f}x** ({runs}) | "
+                    f"{row['cpu_ratio_median']:.2f} | {'—' if length is None else f'{length:.2f}'} |")
+    configs = "; ".join(f"{name}: `{spec}`" for name, spec in cfg["speculative"].items())
+    return (f"{command('bench.spec_decode', config)} at `{prov.get('git_sha', '?')[:12]}` on {prov.get('cpu', '?')} "
+            f"(load average {min(loads):.1f}–{max(loads):.1f} over the runs): `LLM.generate` of the asset model, greedy, "
+            f"{cfg['output_len']} output tokens per request, against the same engine without speculation; "
+            f"{cfg['repeats']} interleaved repeats, the median of each repeat's ratio. code_edit: "
+            f"{cfg['code_tokens']} tokens of held-out standard-library code, then its first "
+            f"{cfg['repeat_tokens']} again; random: {cfg['prompt_len']} random tokens. Configs: {configs}.\n\n"
+            + "\n".join(rows))

@@ -52,7 +52,8 @@ STEPS = (("memory_waste", "memory_waste"), ("throughput", "throughput"),
          *(("ablation", f"ablation/{name}") for name in ABLATIONS),
          ("kernel_bench", "kernel_bench"), ("kernel_bench", "kernel_bench_block_sizes"),
          ("block_size", "block_size"), ("preemption", "preemption"), ("chunked_prefill", "chunked_prefill"),
-         ("fleet", "fleet"), ("bench.bench_host", "bench_host"), ("bench.serve_real", "serve_real"))
+         ("fleet", "fleet"), ("spec_sim", "spec_sim"), ("bench.bench_host", "bench_host"),
+         ("bench.serve_real", "serve_real"))
 # Full run only: real hardware and the real model (kernel_bench, bench_host, serve_real, record_beams),
 # and the long simulated panels (the default throughput config is their quick stand-in).
 SLOW = {"kernel_bench", "kernel_bench_block_sizes", "bench_host", "serve_real", "record_beams", *PANELS}
@@ -60,6 +61,7 @@ CONFIG_CLASSES = {"memory_waste": "MemoryWasteConfig", "throughput": "Throughput
                   "parallel_sampling": "ParallelSamplingConfig", "shared_prefix": "SharedPrefixConfig",
                   "chatbot": "ChatbotConfig", "kernel_bench": "KernelBenchConfig", "block_size": "BlockSizeConfig",
                   "preemption": "PreemptionConfig", "chunked_prefill": "ChunkedPrefillConfig", "fleet": "FleetConfig",
+                  "spec_sim": "SpecSimConfig",
                   "record_beams": "RecordBeamsConfig", "bench.bench_host": "BenchHostConfig",
                   "bench.serve_real": "ServeRealConfig", "shared_prefix.steps": "SharedPrefixStepsConfig",
                   "ablation": "AblationConfig"}

@@ -1,7 +1,8 @@
 """Speculative decoding on the real model: the same tokens as without it, greedy and seeded
-sampling alike (with n > 1, logprobs, stop ids and max_tokens), through preemption by recompute
-and by swap, and with the prefix cache (whose blocks then give the same outputs again), with
-n-gram drafts and a draft model's; every block comes back. The drafts must be accepted and rejected for these to mean anything: each test
+sampling alike (with n > 1, logprobs, stop ids and max_tokens), in the overlapped loop, through
+preemption by recompute and by swap, and with the prefix cache (whose blocks then give the same
+outputs again), with n-gram drafts and a draft model's; every block comes back. The drafts must be
+accepted and rejected for these to mean anything: each test
 checks both happened."""
 
 import jax
@@ -72,6 +73,20 @@ def test_outputs_equal_those_without_speculation(plain_outputs):
     _same(_serve(engine), plain_outputs[0])
     _accepted_and_rejected(engine)
     assert engine.kv_stats()["spec_mean_acceptance_length"] > 1.0
+
+
+def test_the_overlapped_loop_verifies_in_step_and_gives_the_same_tokens(plain_outputs):
+    # Steps with drafts are not scheduled ahead (their inputs are the accepted tokens); at
+    # disable_by_batch_size sequences the decode steps overlap. (No n > 1 request here: its group
+    # keeps the decode fast path, which the loop schedules ahead, off.)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3,
+                             disable_by_batch_size=3)
+    engine = make_engine(speculative=spec, async_scheduling=True)
+    for i in (0, 1, 3):
+        engine.add_request(str(i), PROMPTS[i], _params(i))
+    outputs = run_to_end(engine, max_steps=600)
+    _same([outputs[str(i)] for i in (0, 1, 3)], [plain_outputs[0][i] for i in (0, 1, 3)])
+    assert engine.kv_stats()["spec_num_accepted_tokens"] > 0 and engine.num_steps_ahead > 0
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -18,7 +18,8 @@ PAD_LEN = 128
 
 def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=64, preemption_mode="recompute",
                 max_num_seqs=16, max_model_len=128, params=None, watermark=0.0, prefix_caching=False,
-                num_host_cache_blocks=0, eviction_policy="lru", policy="chunked", speculative=None):
+                num_host_cache_blocks=0, eviction_policy="lru", policy="chunked", speculative=None,
+                async_scheduling=False):
     """A small engine on the real model (XLA attention), its pool and limits set by the arguments
     (`speculative`: a SpeculativeConfig, None: off)."""
     config = EngineConfig(
@@ -27,7 +28,8 @@ def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=6
                           watermark=watermark, enable_prefix_caching=prefix_caching,
                           num_host_cache_blocks=num_host_cache_blocks, eviction_policy=eviction_policy),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
-                                  max_model_len=max_model_len, preemption_mode=preemption_mode, policy=policy),
+                                  max_model_len=max_model_len, preemption_mode=preemption_mode, policy=policy,
+                                  async_scheduling=async_scheduling),
         speculative=speculative or SpeculativeConfig())
     return LLMEngine(config, executor=JaxExecutor(config, params=params))
 

@@ -195,8 +195,12 @@ class Scheduler:
         since the last step and admission would stop at once; else None, and nothing changed.
         (The overlapped engine schedules a step ahead with it: `jpaged.core.sched.overlap`.) None with a
         host tier: a decode step's new blocks may evict cached ones to host, copies that
-        `schedule` settles step by step."""
+        `schedule` settles step by step. None while speculation may run at the running set's
+        size: a verify step's inputs are the step before's accepted tokens, so it is never
+        scheduled ahead."""
         if self.host_tier is not None:
+            return None
+        if self.speculator is not None and self.speculator.may_draft(self.running_set.num_seqs):
             return None
         return self._steady_step()[0]
 
@@ -247,7 +251,8 @@ class Scheduler:
         once), some sequence has drafts and the blocks for them are free. Else None, and nothing
         changed: the step runs without speculation (which preempts, if blocks are short)."""
         running_set = self.running_set
-        if not running_set.groups or running_set.partial or self.swapped:
+        if (not running_set.groups or running_set.partial or self.swapped
+                or not self.speculator.may_draft(running_set.num_seqs)):
             return None
         batch = running_set.current()
         tokens_left = self.config.max_num_batched_tokens - (len(batch) if self.chunked else 0)

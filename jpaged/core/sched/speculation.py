@@ -106,16 +106,26 @@ class Speculator:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
 
+    def may_draft(self, num_seqs: int) -> bool:
+        """Whether a step of `num_seqs` decoding sequences may verify drafts (the batch-size rules
+        of `drafts`, before any sequence is looked at)."""
+        return self._depth(num_seqs) >= 1
+
+    def _depth(self, num_seqs: int) -> int:
+        """The most drafts per sequence in a step of `num_seqs` decoding sequences (< 1: none)."""
+        config = self.config
+        if num_seqs < 1 or (config.disable_by_batch_size is not None and num_seqs >= config.disable_by_batch_size):
+            return 0
+        return min(config.num_speculative_tokens, self.max_num_seqs // num_seqs - 1,
+                   self.max_num_batched_tokens // num_seqs - 1)
+
     def drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
         """Each decoding sequence's drafts for the next step ([] for one that drafts nothing;
         `room` PLACEHOLDERs each with a draft model, whose drafts the executor computes), or
         None when the step should run without speculation: at or above `disable_by_batch_size`
         sequences, where k + 1 rows per sequence would pass the sampler's rows (max_num_seqs) or
         the token budget, or when no sequence has a draft."""
-        config, n = self.config, len(seqs)
-        if config.disable_by_batch_size is not None and n >= config.disable_by_batch_size:
-            return None
-        k = min(config.num_speculative_tokens, self.max_num_seqs // n - 1, self.max_num_batched_tokens // n - 1)
+        config, k = self.config, self._depth(len(seqs))
         if k < 1:
             return None
         drafts = []

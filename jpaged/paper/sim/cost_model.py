@@ -4,8 +4,9 @@
 chunked-prefill rows many; a row's queries are the last tokens of its context). Per GPU, with
 tensor parallelism sharding weights, heads and KV by `tp`, a step is the sum of:
 - GEMMs: the four projections of every layer over all the step's tokens, plus the LM head over one
-  row per sequence: kernel_s each + (weight read^p + FLOPs^p)^(1/p), a roofline whose sharpness p
-  is measured (memory-bound at small batches, compute-bound at large);
+  row per sequence (per token in a speculative verify step): kernel_s each + (weight read^p +
+  FLOPs^p)^(1/p), a roofline whose sharpness p is measured (memory-bound at small batches,
+  compute-bound at large);
 - elementwise kernels (norms, activation, residual adds, RoPE): per layer, max(launch floor,
   activation bytes / achieved bandwidth);
 - attention: decode rows read their KV (the paged kernel's overhead multiplies the read), prefill
@@ -132,7 +133,8 @@ class CostModel:
         p = self._p
         return (memory_s**p + compute_s**p) ** (1.0 / p)
 
-    def _attention(self, query_lens: np.ndarray, context_lens: np.ndarray, num_tokens: int) -> float:
+    def _attention(self, query_lens: np.ndarray, context_lens: np.ndarray, num_tokens: int,
+                   verify: bool = False) -> float:
         write = num_tokens * self._kv_s_per_token
         decode = query_lens == 1
         if decode.all():  # a decode row's queries see c keys: its (query, key) pairs equal its context
@@ -142,34 +144,40 @@ class CostModel:
         q = query_lens[~decode].astype(np.float64)
         ctx = context_lens[~decode]
         pairs = float((q * (ctx - q) + 0.5 * q * (q + 1)).sum())
-        prefill = max(pairs * self._pair_s, float(ctx.sum()) * self._kv_s_per_token)
+        # Verify rows read their cached context through the paged kernel, as decode rows do.
+        read_s = self._decode_kv_s if verify else self._kv_s_per_token
+        prefill = max(pairs * self._pair_s, float(ctx.sum()) * read_s)
         return write + prefill + float(context_lens[decode].sum()) * max(self._decode_kv_s, self._pair_s)
 
-    def _parts(self, query_lens: np.ndarray, context_lens: np.ndarray) -> tuple[float, ...]:
+    def _parts(self, query_lens: np.ndarray, context_lens: np.ndarray, verify: bool = False) -> tuple[float, ...]:
         num_seqs = len(query_lens)
         if num_seqs == 0:
             return (0.0,) * len(PARTS)
         num_tokens = int(query_lens.sum())
         c = self.config
+        head_rows = num_tokens if verify else num_seqs  # verify: every query token's logits
         gemm = (self._gemm_fixed_s + self._roofline(self._gemm_mem_s, num_tokens * self._gemm_s_per_token)
-                + self._roofline(self._head_mem_s, num_seqs * self._head_s_per_row))
+                + self._roofline(self._head_mem_s, head_rows * self._head_s_per_row))
         elementwise = self.num_layers * max(c.elementwise_floor_s, num_tokens * self._elem_s_per_token)
         comm = self._num_allreduce * max(c.allreduce_floor_s,
                                          c.allreduce_fixed_s + num_tokens * self._allreduce_s_per_token)
         host = self._host_fixed_s + self._host_per_seq_s * num_seqs
-        return gemm, elementwise, self._attention(query_lens, context_lens, num_tokens), comm, host
+        return gemm, elementwise, self._attention(query_lens, context_lens, num_tokens, verify), comm, host
 
-    def step_time(self, query_lens: np.ndarray, context_lens: np.ndarray) -> float:
+    def step_time(self, query_lens: np.ndarray, context_lens: np.ndarray, *, verify: bool = False) -> float:
         """Seconds of one step: row i computes the last query_lens[i] of its context_lens[i] tokens.
 
         `query_lens`, `context_lens`: i32[B], context counted after the step's writes, 1 <=
         query_lens[i] <= context_lens[i]; decode rows have query 1. An empty batch costs 0.
+        `verify`: a speculative verify step (jpaged.paper.sim.speculative): every query token goes
+        through the LM head (not only each row's last), and rows of several queries read their
+        cached context at the paged decode kernel's cost, not at a prefill's.
         """
-        return sum(self._parts(query_lens, context_lens))
+        return sum(self._parts(query_lens, context_lens, verify))
 
-    def breakdown(self, query_lens: np.ndarray, context_lens: np.ndarray) -> dict[str, float]:
+    def breakdown(self, query_lens: np.ndarray, context_lens: np.ndarray, *, verify: bool = False) -> dict[str, float]:
         """`step_time`'s seconds by part (`PARTS`: gemm, elementwise, attention, communication, host)."""
-        return dict(zip(PARTS, self._parts(query_lens, context_lens)))
+        return dict(zip(PARTS, self._parts(query_lens, context_lens, verify)))
 
     def decode_time(self, context_lens: np.ndarray) -> float:
         """Seconds of a decode step: one new token per sequence; `context_lens` i32[B] after the write."""

@@ -1,0 +1,3 @@
+from experiments.spec_sim import main
+
+main()
