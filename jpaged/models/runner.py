@@ -17,7 +17,9 @@ names; a step asked for prompt scores also runs it at every token row, inside th
 behind a `lax.cond` (`step_with_prompt_scores`), so prompt log-probabilities need no program of
 their own. Each distinct padded shape compiles once (the executor brings every plan of T tokens
 to one shape, `StepPlan.to_ragged`); `num_compilations` counts traces so the engine can show that
-steady-state serving does not recompile.
+steady-state serving does not recompile. `draft` runs several greedy decode steps of the model in
+one program (a `fori_loop` over the same layers, the pool as its carry): a draft model's drafts
+for a verify step (jpaged.executors.drafting).
 """
 
 from __future__ import annotations
