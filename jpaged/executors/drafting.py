@@ -12,7 +12,8 @@ steps computes a padded row (slot in reserved block 0, one token of context).
 
 The draft's pool has the target's block count and block size and is indexed by the same block
 tables and slots: no second block manager. Every other plan the target runs is run by the draft
-too (`JaxExecutor.launch`), so its pool holds the K/V of every computed token; slots a verify step
+too, and every block operation (copies, swaps, the host tier's offloads) moves its blocks as well
+(`JaxExecutor.launch`), so its pool holds the K/V of every computed token; slots a verify step
 gives back hold rejected drafts' K/V in both pools and are overwritten before they are read again.
 Pure numpy, but for loading the draft.
 """

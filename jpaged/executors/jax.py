@@ -124,9 +124,8 @@ class JaxExecutor:
         # (jpaged.executors.drafting), else None.
         self.draft_runner: ModelRunner | None = None
         self.draft_pool: KVPool | None = None
+        self.draft_host: tuple[np.ndarray, np.ndarray] | None = None  # its host pool, blocks as the target's
         self.num_speculative_tokens = config.speculative.num_speculative_tokens
-        if config.speculative.method == "draft_model":
-            self._load_draft(config)
         # The KV heads this process's devices hold: a contiguous range of the head axis.
         shards = self.kv_pool[0].sharding.addressable_devices_indices_map(self.kv_pool[0].shape)
         heads = [range(self.spec.num_kv_heads)[index[1]] for index in shards.values()]
@@ -139,6 +138,8 @@ class JaxExecutor:
                     "host memory")
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
+        if config.speculative.method == "draft_model":
+            self._load_draft(config, num_host)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
         # The fixed widths of the sampler's per-row data: one sampler program per row count.
         self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
@@ -158,12 +159,16 @@ class JaxExecutor:
         """True when this executor drafts with a draft model (speculative.method draft_model)."""
         return self.draft_runner is not None
 
-    def _load_draft(self, config: EngineConfig) -> None:
-        """The draft model's runner and its pool: the target's block count, block size and dtype."""
+    def _load_draft(self, config: EngineConfig, num_host: int) -> None:
+        """The draft model's runner, its pool and its host pool (of `num_host` blocks): the
+        target's block counts, block size and dtype."""
         spec, params = drafting.load_draft(config, self.spec)
         block_bytes = 2 * spec.num_layers * spec.num_kv_heads * self.block_size * spec.head_dim * self.dtype.itemsize
         _check_fits("speculative.model", self.kv_cache.num_blocks, block_bytes, _device_bytes(),
                     "device memory (the draft's pool)")
+        _check_fits("speculative.model", num_host, block_bytes, _host_bytes(), "host memory (the draft's host pool)")
+        shape = (spec.num_layers, spec.num_kv_heads, num_host, self.block_size, spec.head_dim)
+        self.draft_host = (np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype))
         self.draft_runner = ModelRunner(spec, params, block_size=self.block_size,
                                         attention_backend=config.model.attention_backend)
         pool = init_kv_pool(spec, self.kv_cache.num_blocks, self.block_size, self.kv_dtype)
@@ -206,12 +211,15 @@ class JaxExecutor:
         the call returns before they are computed (JAX dispatches asynchronously)."""
         start = self.now()
         k_pool, v_pool = self.kv_pool
-        if len(plan.offload_pairs):
-            self._swap_out(k_pool, v_pool, plan.offload_pairs)
-        if len(plan.swap_out_pairs):
-            self._swap_out(k_pool, v_pool, plan.swap_out_pairs)
+        for pairs in (plan.offload_pairs, plan.swap_out_pairs):
+            if len(pairs):
+                self._swap_out(k_pool, v_pool, pairs)
+                if self.draft_pool is not None:
+                    self._swap_draft_out(pairs)
         if len(plan.swap_in_pairs):
             k_pool, v_pool = self._swap_in(k_pool, v_pool, plan.swap_in_pairs)
+            if self.draft_pool is not None:
+                self._swap_draft_in(plan.swap_in_pairs)
         if len(plan.copy_pairs):
             size = padding.pair_bucket(len(plan.copy_pairs))
             self._programs.add(("copy_blocks", size))
@@ -338,6 +346,26 @@ class JaxExecutor:
             blocks = cache_ops.gather_blocks(pool, device_ids)  # [L, Hkv, size, Bs, D], split by head
             for shard in blocks.addressable_shards:  # each device copies out its own heads
                 host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
+
+    def _swap_draft_out(self, pairs: np.ndarray) -> None:
+        """`_swap_out` of the draft model's pool (on one device) into its host pool."""
+        size = padding.pair_bucket(len(pairs))
+        self._programs.add(("draft_swap_out", size))
+        device_ids = jnp.asarray(_padded(pairs[:, 0], size))
+        for pool, host in zip(self.draft_pool, self.draft_host):
+            host[:, :, pairs[:, 1]] = np.asarray(cache_ops.gather_blocks(pool, device_ids))[:, :, : len(pairs)]
+
+    def _swap_draft_in(self, pairs: np.ndarray) -> None:
+        """`_swap_in` of the draft model's host pool into its pool."""
+        size = padding.pair_bucket(len(pairs))
+        self._programs.add(("draft_swap_in", size))
+        device_ids = jnp.asarray(_padded(pairs[:, 1], size))
+        updated = []
+        for pool, host in zip(self.draft_pool, self.draft_host):
+            blocks = np.zeros(host.shape[:2] + (size,) + host.shape[3:], host.dtype)  # [L, Hkv, size, Bs, D]
+            blocks[:, :, : len(pairs)] = host[:, :, pairs[:, 0]]
+            updated.append(cache_ops.scatter_blocks(pool, device_ids, jnp.asarray(blocks)))
+        self.draft_pool = tuple(updated)
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
         size = padding.pair_bucket(len(pairs))

@@ -14,7 +14,7 @@ padding rules the scheduler and executor use (jpaged.core.padding) and the confi
   under swap preemption with a host pool, swap-out and swap-in pair arrays;
 - with a draft model (speculative.method draft_model, jpaged.executors.drafting): its step at
   every model-step shape (it mirrors the target's), one draft loop per verify step's padded
-  sequence count, and its pool's copy-on-write pair arrays.
+  sequence count, and its pool's block operations.
 
 A new static variant of any stage is one more family in `grid`. `compile_grid` runs each program
 once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
@@ -75,7 +75,7 @@ class DraftLoop:
 class BlockOp:
     """One padded size of a block operation's pair array."""
 
-    op: str  # "copy_blocks", "draft_copy_blocks" (the draft model's pool), "swap_out" or "swap_in"
+    op: str  # "copy_blocks", "swap_out", "swap_in"; "draft_" + those: the draft model's pool
     num_pairs: int
 
 
@@ -112,7 +112,8 @@ def block_ops(config: EngineConfig) -> list[BlockOp]:
     if config.scheduler.preemption_mode == "swap" and cache.num_host_blocks:
         most = min(cache.num_usable_blocks, cache.num_host_blocks)  # one step moves at most this many
         sizes = [size for _, size in padding.padded_sizes(padding.pair_bucket, 1, most)]
-        ops += [BlockOp(op, size) for op in ("swap_out", "swap_in") for size in sizes]
+        swaps = ("swap_out", "swap_in", "draft_swap_out", "draft_swap_in") if _drafts(config) else ("swap_out", "swap_in")
+        ops += [BlockOp(op, size) for op in swaps for size in sizes]
     return ops
 
 
@@ -150,8 +151,8 @@ def padding_plan(step: ModelStep) -> StepPlan:
 
 def _block_plan(op: BlockOp) -> StepPlan:
     pairs = [(0, 0)] * op.num_pairs  # block 0 onto itself, or to and from host block 0
-    # (a copy runs on the draft model's pool too: "draft_copy_blocks" is its program)
-    name = {"copy_blocks": "copy", "draft_copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op]
+    # (a block operation runs on the draft model's pool too: "draft_" + its name is that program)
+    name = {"copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op.removeprefix("draft_")]
     return StepPlan.block_ops_only(**{name: pairs})
 
 

@@ -142,8 +142,8 @@ def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(plain_outpu
 
 
 def test_another_draft_is_verified_through_swap_preemption(plain_outputs, tmp_path):
-    # The draft's blocks come back from swap stale (its pool is not swapped): only acceptance
-    # suffers. (A draft model drafts for every sequence: 14 blocks leave room for verify steps.)
+    # The draft's pool is swapped with the target's. (A draft model drafts for every sequence: 14
+    # blocks leave room for verify steps.)
     engine = make_engine(num_blocks=15, preemption_mode="swap",
                          speculative=_draft_model(_draft_dir(tmp_path / "noisy", 1.0)))
     _same(_serve(engine), plain_outputs[0])

@@ -1,14 +1,21 @@
 """The draft model's host arrays (jpaged.executors.drafting): a verify plan's draft loop, its drafts
-filled in, the drafts each sample row checked. (On the real model:
-tests/engine/test_engine_speculative.py.)"""
+filled in, the drafts each sample row checked; and its pool following the target's block
+operations. (On the real model: tests/engine/test_engine_speculative.py.)"""
 
+import jax
 import numpy as np
 
+from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from jpaged.config.presets import get_preset
 from jpaged.core.kv.block_manager import BlockManager
 from jpaged.core.sched.plan_builder import verify_plan
 from jpaged.core.sched.speculation import PLACEHOLDER
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
+from jpaged.core.step_plan import StepPlan
 from jpaged.executors.drafting import checked_drafts, draft_inputs, with_drafts
+from jpaged.executors.jax import JaxExecutor
+from jpaged.models import decoder
+from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 from tests.helpers.kv import allocate
 
 
@@ -57,3 +64,26 @@ def test_a_sequence_without_drafts_computes_its_token_alone():
     filled = with_drafts(plan, inputs, picked)
     assert filled.token_ids[:4].tolist() == [5, 14, 7, 7]
     assert checked_drafts(filled.sampling, filled.token_ids).tolist() == [-1, 7, 7, -1]
+
+
+def test_the_drafts_pool_is_swapped_and_copied_with_the_targets(tmp_path):
+    spec = get_preset("tiny-opt")
+    write_hf_dir(tmp_path / "draft", spec, decoder.init_params(spec, seed=1), HF_CONFIGS["tiny-opt"])
+    config = EngineConfig(model=ModelConfig(name="tiny-opt", attention_backend="xla"),
+                          cache=CacheConfig(block_size=4, num_blocks=12, num_host_blocks=8),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32),
+                          speculative=SpeculativeConfig(method="draft_model", model=str(tmp_path / "draft"),
+                                                        num_speculative_tokens=2))
+    executor = JaxExecutor(config)
+    rng = np.random.default_rng(0)
+    executor.draft_pool = tuple(jax.numpy.asarray(rng.standard_normal(p.shape, np.float32)) for p in executor.draft_pool)
+    before = [np.asarray(p) for p in executor.draft_pool]
+    # Block 3 out to host block 5, back in as block 7, copied (copy-on-write) to block 9.
+    for plan in (StepPlan.block_ops_only(swap_out=[(3, 5)]), StepPlan.block_ops_only(swap_in=[(5, 7)]),
+                 StepPlan.block_ops_only(copy=[(7, 9)])):
+        executor.execute(plan)
+    for old, new in zip(before, executor.draft_pool):
+        new = np.asarray(new)  # [L, Hkv, N, Bs, D]
+        np.testing.assert_array_equal(new[:, :, [7, 9]], old[:, :, [3, 3]])
+        # (block 0, the padding pairs' target, excepted)
+        np.testing.assert_array_equal(np.delete(new, [0, 7, 9], axis=2), np.delete(old, [0, 7, 9], axis=2))
