@@ -92,7 +92,9 @@ def draft_inputs(plan: StepPlan, num_speculative_tokens: int, max_blocks_per_seq
     context_lens = np.ones((len(steps), size), np.int32)
     positions[:, :n] = np.where(active, plan.positions[rows], 0)
     slot_mapping[:, :n] = np.where(active, plan.slot_mapping[rows], 0)
-    # The verify plan's context counts all 1 + k_s tokens; step j's counts j + 1 of them.
+    # The verify plan's context counts all 1 + k_s tokens; step j's counts j + 1 of them. A padded
+    # row still owns its token row (the loop's query ranges are fixed), so its context is that one
+    # token, at slot 0 of block 0: attention over it stays finite.
     context_lens[:, :n] = np.where(active, plan.context_lens[:n] - counts + steps + 1, 1)
     first_tokens = np.zeros(size, np.int32)
     first_tokens[:n] = plan.token_ids[starts]
