@@ -5,11 +5,11 @@
 Two workloads on the asset model: `code_edit`, where copying pays (each prompt holds a piece of a
 held-out standard-library file and then its first lines again, so the answer repeats code the
 prompt contains), and `random` (random token prompts, the workload of vLLM's random benchmark).
-At each batch size, `LLM.generate` serves the first B prompts of the workload (greedy,
-`ignore_eos`, the same output length) on two engines built alike but for the `speculative:`
-section: without speculation and with each speculative config. One warm-up run per engine and
-batch compiles its shapes; then the engines run interleaved, each repeat rotating which goes
-first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
+At each batch size B, a run serves `rounds` batches of B different prompts of the workload one
+after another (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length) on engines
+built alike but for the `speculative:` section: without speculation and with each speculative
+config. One warm-up batch per engine and batch size compiles its shapes; then the engines run
+interleaved, each repeat rotating which goes first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
 average, and for speculation the drafts, drafted and accepted tokens (acceptance length = 1 +
 accepted / drafts). Per (workload, batch, config): the median over repeats of each run's output
 tok/s over the plain engine's in the same repeat. Saved to results/spec_decode.json.
@@ -47,6 +47,7 @@ class SpecDecodeConfig:
                                               "prompt_lookup_min": 2}})
     workloads: tuple[str, ...] = ("code_edit", "random")
     batch_sizes: tuple[int, ...] = (1, 8, 64)
+    rounds: int = 4  # a timed run serves `rounds` batches of B different prompts, one after another
     code_tokens: int = 200  # code_edit: tokens of code in the prompt, then its first `repeat_tokens` again
     repeat_tokens: int = 16
     prompt_len: int = 128  # random: prompt tokens
@@ -57,9 +58,10 @@ class SpecDecodeConfig:
     output: str = "results/spec_decode.json"
 
     def __post_init__(self) -> None:
-        if min(self.repeats, self.output_len, self.prompt_len, self.code_tokens, self.repeat_tokens,
+        if min(self.repeats, self.rounds, self.output_len, self.prompt_len, self.code_tokens, self.repeat_tokens,
                *self.batch_sizes) < 1:
-            raise ValueError("repeats, output_len, prompt_len, code_tokens, repeat_tokens and batch_sizes must be >= 1")
+            raise ValueError("repeats, rounds, output_len, prompt_len, code_tokens, repeat_tokens and batch_sizes "
+                             "must be >= 1")
         unknown = set(self.workloads) - {"code_edit", "random"}
         if unknown:
             raise ValueError(f"workloads: unknown {sorted(unknown)}; allowed: code_edit, random")
@@ -81,12 +83,13 @@ def code_edit_prompts(llm: LLM, config: SpecDecodeConfig, count: int) -> list[li
     raise ValueError(f"the held-out files give fewer than {count} prompts of {config.code_tokens} tokens")
 
 
-def run_once(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict:
-    """One timed LLM.generate of `prompts`, with the speculator's counts over it."""
+def run_once(llm: LLM, batches: list[list[list[int]]], params: SamplingParams) -> dict:
+    """One timed run: an LLM.generate of each batch of prompts in turn, with the speculator's
+    counts over them."""
     load_before = os.getloadavg()
     before = llm.engine.spec_decode_stats()
     cpu, start = time.process_time(), time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = [o for prompts in batches for o in llm.generate(prompts, params, use_tqdm=False)]
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"output_tokens": tokens, "wall_s": wall, "cpu_s": cpu, "output_tok_s": tokens / wall,
@@ -106,7 +109,7 @@ def run(config: SpecDecodeConfig) -> dict:
     engines = {"off": LLM(config.model, warmup=False, **config.engine)}
     for name, spec in config.speculative.items():
         engines[name] = LLM(config.model, warmup=False, speculative_config=spec, **config.engine)
-    most = max(config.batch_sizes)
+    most = max(config.batch_sizes) * config.rounds
     rng = np.random.default_rng(config.seed)
     vocab = engines["off"].engine.vocab_size
     workloads = {"code_edit": lambda: code_edit_prompts(engines["off"], config, most),
@@ -118,14 +121,15 @@ def run(config: SpecDecodeConfig) -> dict:
     bar = tqdm(total=len(points) * len(names) * (config.repeats + 1), desc="runs")
     prompts_of = {w: workloads[w]() for w in config.workloads}
     for workload, batch in points:
-        prompts = prompts_of[workload][:batch]
+        prompts = prompts_of[workload]
+        batches = [prompts[i * batch: (i + 1) * batch] for i in range(config.rounds)]
         for name in names:  # warm-up: each engine compiles this batch's shapes
-            run_once(engines[name], prompts, params)
+            run_once(engines[name], batches[:1], params)
             bar.update()
         for repeat in range(config.repeats):
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:  # rotate who goes first
-                result = run_once(engines[name], prompts, params)
+                result = run_once(engines[name], batches, params)
                 runs.append({"workload": workload, "batch": batch, "repeat": repeat, "engine": name, **result})
                 bar.update()
                 bar.set_postfix(workload=workload, batch=batch, engine=name, tok_s=f"{result['output_tok_s']:.0f}")

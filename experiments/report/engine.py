@@ -183,7 +183,8 @@ def _spec_table(r: dict, config: str) -> str:
     configs = "; ".join(f"{name}: `{spec}`" for name, spec in cfg["speculative"].items())
     return (f"{command('bench.spec_decode', config)} at `{prov.get('git_sha', '?')[:12]}` on {prov.get('cpu', '?')} "
             f"(load average {min(loads):.1f}–{max(loads):.1f} over the runs): `LLM.generate` of the asset model, greedy, "
-            f"{cfg['output_len']} output tokens per request, against the same engine without speculation; "
+            f"{cfg['output_len']} output tokens per request, {cfg['rounds']} batches of B prompts per run, against the "
+            "same engine without speculation; "
             f"{cfg['repeats']} interleaved repeats, the median of each repeat's ratio. code_edit: "
             f"{cfg['code_tokens']} tokens of held-out standard-library code, then its first "
             f"{cfg['repeat_tokens']} again; random: {cfg['prompt_len']} random tokens. Configs: {configs}.\n\n"
