@@ -112,7 +112,9 @@ def block_ops(config: EngineConfig) -> list[BlockOp]:
     if config.scheduler.preemption_mode == "swap" and cache.num_host_blocks:
         most = min(cache.num_usable_blocks, cache.num_host_blocks)  # one step moves at most this many
         sizes = [size for _, size in padding.padded_sizes(padding.pair_bucket, 1, most)]
-        swaps = ("swap_out", "swap_in", "draft_swap_out", "draft_swap_in") if _drafts(config) else ("swap_out", "swap_in")
+        swaps = ("swap_out", "swap_in")
+        if _drafts(config):
+            swaps += ("draft_swap_out", "draft_swap_in")
         ops += [BlockOp(op, size) for op in swaps for size in sizes]
     return ops
 

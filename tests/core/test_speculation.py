@@ -124,4 +124,5 @@ def test_a_draft_model_gets_placeholders_under_the_same_rules():
     assert speculator.drafts([plain, penalised]) == [[PLACEHOLDER] * 4, []]
     assert speculator.drafts([short, penalised]) is None  # nobody drafts
     assert speculator.drafts([plain, short, penalised]) is None  # disable_by_batch_size
-    assert Speculator(config, max_num_seqs=6, max_num_batched_tokens=64).drafts([plain, plain]) == [[PLACEHOLDER] * 2] * 2
+    narrow = Speculator(config, max_num_seqs=6, max_num_batched_tokens=64)
+    assert narrow.drafts([plain, plain]) == [[PLACEHOLDER] * 2] * 2

@@ -76,7 +76,8 @@ def test_the_drafts_pool_is_swapped_and_copied_with_the_targets(tmp_path):
                                                         num_speculative_tokens=2))
     executor = JaxExecutor(config)
     rng = np.random.default_rng(0)
-    executor.draft_pool = tuple(jax.numpy.asarray(rng.standard_normal(p.shape, np.float32)) for p in executor.draft_pool)
+    executor.draft_pool = tuple(jax.numpy.asarray(rng.standard_normal(pool.shape, np.float32))
+                                for pool in executor.draft_pool)
     before = [np.asarray(p) for p in executor.draft_pool]
     # Block 3 out to host block 5, back in as block 7, copied (copy-on-write) to block 9.
     for plan in (StepPlan.block_ops_only(swap_out=[(3, 5)]), StepPlan.block_ops_only(swap_in=[(5, 7)]),
