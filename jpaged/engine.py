@@ -65,6 +65,10 @@ class LLMEngine:
         # weights are loaded, and the scheduler's block manager takes its count.
         self.executor = executor if executor is not None else _default_executor(config)
         self.config = config = sized_config(config, self.executor)
+        if config.speculative.method == "draft_model" and not getattr(self.executor, "has_draft_model", False):
+            raise ValueError(f"speculative.method: 'draft_model' needs an executor that runs the draft model "
+                             f"(jpaged.executors.jax.JaxExecutor built from this config); "
+                             f"{type(self.executor).__name__} has none")
         self.scheduler = scheduler or Scheduler(config.scheduler, config.cache, speculative=config.speculative)
         self.overlapped = config.scheduler.async_scheduling
         if self.overlapped:

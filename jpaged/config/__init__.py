@@ -198,7 +198,7 @@ class ModelConfig:
                f"is required when num_processes is {self.num_processes}")
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 # Most tokens one verify step drafts per sequence: its k + 1 logits rows per sequence must fit the
 # sampler's rows (max_num_seqs), and acceptance falls geometrically with k.
 MAX_SPECULATIVE_TOKENS = 16
@@ -212,7 +212,11 @@ class SpeculativeConfig:
 
     method: str | None = None
     """ngram: prompt lookup, the tokens that followed the latest earlier occurrence of the
-    sequence's last n tokens (n from prompt_lookup_max down to prompt_lookup_min); None: off."""
+    sequence's last n tokens (n from prompt_lookup_max down to prompt_lookup_min); draft_model:
+    greedy decodes of a smaller model (`model`) sharing the target's vocabulary; None: off."""
+    model: str | None = None
+    """draft_model: the draft's local Hugging Face directory (as `LLM(model=...)` takes), run in
+    the target's dtype and block size; required for draft_model, refused otherwise."""
     num_speculative_tokens: int = 0
     """k: tokens drafted per sequence and step, in [1, 16] when a method is set."""
     prompt_lookup_max: int | None = None
@@ -226,11 +230,15 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         _normalise(self, "speculative", {
             "method": lambda f, v: None if v is None else check_choice(f, v, SPECULATIVE_METHODS),
+            "model": lambda f, v: check_str(f, v, optional=True),
             "num_speculative_tokens": lambda f, v: check_int(f, v, 0, MAX_SPECULATIVE_TOKENS),
             "prompt_lookup_max": lambda f, v: None if v is None else check_int(f, v, 1, MAX_TOKENS),
             "prompt_lookup_min": lambda f, v: None if v is None else check_int(f, v, 1, MAX_TOKENS),
             "disable_by_batch_size": lambda f, v: None if v is None else check_int(f, v, 1, MAX_NUM_SEQS),
         })
+        _check((self.model is not None) == (self.method == "draft_model"), "speculative.model",
+               f"a draft model's directory is required by method 'draft_model' and taken by no other, got "
+               f"{self.model!r} with method {self.method!r}")
         if self.method is None:
             return
         _check(self.num_speculative_tokens >= 1, "speculative.num_speculative_tokens",

@@ -85,7 +85,8 @@ class SampleRows:
     num_batch_rows: int = 0  # B
     # A verify step (jpaged.core.sched.speculation): a sequence's rows are consecutive, row j
     # sampling position len(seq) + j (`spec_offsets[r]` = j) and checking the draft
-    # `spec_drafts[r]` (-1 on its last row, which only samples). None: one row per position as usual.
+    # `spec_drafts[r]` (-1 on its last row, which only samples; all -1 when the executor's draft
+    # model drafts, `ModelOutput.drafts`). None: one row per position as usual.
     spec_offsets: list[int] | None = None
     spec_drafts: list[int] | None = None
 
@@ -230,6 +231,9 @@ class ModelOutput:
     top_logprobs: np.ndarray | None  # f32[R, K] their log-probabilities
     duration: float  # seconds the step took: wall time (jax) or cost-model time (sim)
     prompt_logprobs: PromptLogprobs | None = None  # for plan.prompt_rows; None when none or without a model
+    # i32[R] a verify step's drafts as the executor's draft model made them: the draft each sample
+    # row checked (-1 on a sequence's last row); None: the plan's own `spec_drafts`.
+    drafts: np.ndarray | None = None
 
 
 @dataclasses.dataclass

@@ -37,11 +37,11 @@ from jpaged.config import EngineConfig
 from jpaged.config.presets import get_preset
 from jpaged.core import padding
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
-from jpaged.executors import kv_sizing, prompt_logprobs, sampling
+from jpaged.executors import drafting, kv_sizing, prompt_logprobs, sampling
 from jpaged.executors.base import PendingStep
 from jpaged.models import decoder, parallel
 from jpaged.models.checkpoint import load_params, resolve_dtype
-from jpaged.models.kv_pool import init_kv_pool, storage_dtype
+from jpaged.models.kv_pool import KVPool, init_kv_pool, storage_dtype
 from jpaged.models.runner import ModelRunner, PromptScores
 from pallas_kernels import cache_ops
 from pallas_kernels.backends import resolve_backend
@@ -120,6 +120,12 @@ class JaxExecutor:
         _check_fits(field, self.kv_cache.num_blocks, block_bytes, _device_bytes(), "device memory")
         self.kv_pool = self._make_pool(self.kv_cache.num_blocks)
         logger.info(self.kv_cache.describe())
+        # speculative.method draft_model: the draft's runner and its own pool of as many blocks
+        # (jpaged.executors.drafting), else None.
+        self.draft_runner: ModelRunner | None = None
+        self.draft_pool: KVPool | None = None
+        self.draft_host: tuple[np.ndarray, np.ndarray] | None = None  # its host pool, blocks as the target's
+        self.num_speculative_tokens = config.speculative.num_speculative_tokens
         # The KV heads this process's devices hold: a contiguous range of the head axis.
         shards = self.kv_pool[0].sharding.addressable_devices_indices_map(self.kv_pool[0].shape)
         heads = [range(self.spec.num_kv_heads)[index[1]] for index in shards.values()]
@@ -132,6 +138,8 @@ class JaxExecutor:
                     "host memory")
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
+        if config.speculative.method == "draft_model":
+            self._load_draft(config, num_host)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
         # The fixed widths of the sampler's per-row data: one sampler program per row count.
         self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
@@ -146,6 +154,29 @@ class JaxExecutor:
         self.warmed_up = False  # set by jpaged.executors.warmup.compile_grid: later new programs are logged
         self._start = time.perf_counter()
 
+    @property
+    def has_draft_model(self) -> bool:
+        """True when this executor drafts with a draft model (speculative.method draft_model)."""
+        return self.draft_runner is not None
+
+    def _load_draft(self, config: EngineConfig, num_host: int) -> None:
+        """The draft model's runner, its pool and its host pool (of `num_host` blocks): the
+        target's block counts, block size and dtype."""
+        spec, params = drafting.load_draft(config, self.spec)
+        block_bytes = 2 * spec.num_layers * spec.num_kv_heads * self.block_size * spec.head_dim * self.dtype.itemsize
+        _check_fits("speculative.model", self.kv_cache.num_blocks, block_bytes, _device_bytes(),
+                    "device memory (the draft's pool)")
+        _check_fits("speculative.model", num_host, block_bytes, _host_bytes(), "host memory (the draft's host pool)")
+        shape = (spec.num_layers, spec.num_kv_heads, num_host, self.block_size, spec.head_dim)
+        self.draft_host = (np.zeros(shape, self.kv_dtype), np.zeros(shape, self.kv_dtype))
+        self.draft_runner = ModelRunner(spec, params, block_size=self.block_size,
+                                        attention_backend=config.model.attention_backend)
+        pool = init_kv_pool(spec, self.kv_cache.num_blocks, self.block_size, self.kv_dtype)
+        self.draft_pool = jax.device_put(pool, jax.local_devices()[0])
+        logger.info("draft model %s: %d layers, %d KV heads, pool of %d blocks (%.1f MiB)", config.speculative.model,
+                    spec.num_layers, spec.num_kv_heads, self.kv_cache.num_blocks,
+                    self.kv_cache.num_blocks * block_bytes / 2**20)
+
     def _make_pool(self, num_blocks: int) -> tuple[jax.Array, jax.Array]:
         """A zeroed device pool of `num_blocks` blocks, on this process's device or split over the mesh."""
         make_pool = functools.partial(init_kv_pool, self.spec, num_blocks, self.block_size, self.kv_dtype)
@@ -158,9 +189,11 @@ class JaxExecutor:
 
     @property
     def num_compilations(self) -> int:
-        """Distinct programs run so far: model steps (one per padded shape, counted as traced),
-        sampler programs (one per row count) and block-operation sizes."""
-        return self.runner.num_compilations + len(self._programs)
+        """Distinct programs run so far: model steps (one per padded shape, counted as traced; the
+        draft model's steps and draft loops too), sampler programs (one per row count) and
+        block-operation sizes."""
+        drafts = 0 if self.draft_runner is None else self.draft_runner.num_compilations
+        return self.runner.num_compilations + drafts + len(self._programs)
 
     def now(self) -> float:
         """Seconds since the executor was built."""
@@ -178,22 +211,49 @@ class JaxExecutor:
         the call returns before they are computed (JAX dispatches asynchronously)."""
         start = self.now()
         k_pool, v_pool = self.kv_pool
-        if len(plan.offload_pairs):
-            self._swap_out(k_pool, v_pool, plan.offload_pairs)
-        if len(plan.swap_out_pairs):
-            self._swap_out(k_pool, v_pool, plan.swap_out_pairs)
+        for pairs in (plan.offload_pairs, plan.swap_out_pairs):
+            if len(pairs):
+                self._swap_out(k_pool, v_pool, pairs)
+                if self.draft_pool is not None:
+                    self._swap_draft_out(pairs)
         if len(plan.swap_in_pairs):
             k_pool, v_pool = self._swap_in(k_pool, v_pool, plan.swap_in_pairs)
+            if self.draft_pool is not None:
+                self._swap_draft_in(plan.swap_in_pairs)
         if len(plan.copy_pairs):
             size = padding.pair_bucket(len(plan.copy_pairs))
             self._programs.add(("copy_blocks", size))
             pairs = np.zeros((size, 2), np.int32)
             pairs[: len(plan.copy_pairs)] = plan.copy_pairs
             k_pool, v_pool = cache_ops.copy_blocks(k_pool, v_pool, jnp.asarray(pairs))
+            if self.draft_pool is not None:  # a program of its own: the draft's pool has its own shape
+                self._programs.add(("draft_copy_blocks", size))
+                self.draft_pool = cache_ops.copy_blocks(*self.draft_pool, jnp.asarray(pairs))
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
+        if self.draft_runner is not None and plan.num_seqs:
+            if plan.sampling is not None and plan.sampling.spec_offsets is not None:
+                plan = self._drafted(plan)  # the draft loop wrote the draft's K/V of the plan's tokens
+            else:
+                self._run_draft_model(plan)  # the draft's pool keeps every computed token's K/V
         # (logits f32[S, V], prompt scores or None), on device
         handle = self._run_model(plan) if plan.num_seqs else None
         return PendingStep(plan, start, handle)
+
+    def _drafted(self, plan: StepPlan) -> StepPlan:
+        """Verify plan `plan` with its placeholder drafts replaced by the draft model's greedy
+        ones: one draft-loop program, one copy of its tokens to the host
+        (jpaged.executors.drafting)."""
+        inputs = drafting.draft_inputs(plan, self.num_speculative_tokens, self.max_blocks_per_seq)
+        picked, self.draft_pool = self.draft_runner.draft(
+            self.draft_pool, inputs.first_tokens, inputs.positions, inputs.slot_mapping, inputs.context_lens,
+            inputs.block_tables, inputs.num_steps)
+        return drafting.with_drafts(plan, inputs, np.asarray(picked))
+
+    def _run_draft_model(self, plan: StepPlan) -> jax.Array:
+        """The draft model's step of `plan` on its pool: its logits f32[S, vocab], on device."""
+        logits, self.draft_pool = self.draft_runner.step(self.draft_pool,
+                                                         plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
+        return logits
 
     def collect(self, pending: PendingStep) -> ModelOutput:
         """Samples the plan's rows (as they are now) on device and reduces its prompt rows to prompt
@@ -213,14 +273,16 @@ class JaxExecutor:
                                  top_logprobs=sampled.top_logprobs, duration=0.0)
         elif logits is not None:  # only prompt chunks that do not reach their ends: nothing to sample
             logits.block_until_ready()
+        if self.draft_runner is not None and batch is not None and plan.sampling.spec_offsets is not None:
+            output.drafts = drafting.checked_drafts(plan.sampling, plan.token_ids)
         output.prompt_logprobs = prompt_result
         output.duration = self.now() - pending.started
         return output
 
-    def run_model(self, plan: StepPlan) -> jax.Array:
+    def run_model(self, plan: StepPlan, draft: bool = False) -> jax.Array:
         """The jitted model step of `plan` (no block operations) on the pool: logits f32[S, vocab]
-        on device, S the ragged S of the plan's T."""
-        return self._run_model(plan)[0]
+        on device, S the ragged S of the plan's T. `draft`: the draft model's, on its pool."""
+        return self._run_draft_model(plan) if draft else self._run_model(plan)[0]
 
     def _run_model(self, plan: StepPlan) -> tuple[jax.Array, PromptScores | None]:
         """`run_model`, with the prompt scores of `plan.prompt_rows` (on device) when it has some."""
@@ -233,10 +295,21 @@ class JaxExecutor:
                                                                            plan.prompt_rows.num_top > 0)
         return logits, scores
 
-    def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
+    def lower_model(self, plan: StepPlan, draft: bool = False) -> jax.stages.Lowered:
         """The model step of `plan`'s ragged shape on the pool, traced and lowered but not run:
-        compiling it (on any thread) is compiling what `run_model` of that shape runs."""
-        return self.runner.lower(self.kv_pool, plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
+        compiling it (on any thread) is compiling what `run_model` of that shape runs. `draft`:
+        the draft model's, on its pool."""
+        runner, pool = (self.draft_runner, self.draft_pool) if draft else (self.runner, self.kv_pool)
+        return runner.lower(pool, plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
+
+    def lower_draft_loop(self, num_seqs: int) -> jax.stages.Lowered:
+        """The draft loop of `num_seqs` padded sequences (jpaged.executors.drafting), traced and
+        lowered on padding: compiling it is compiling what verify steps of that S run."""
+        k, size = self.num_speculative_tokens + 1, num_seqs
+        steps = np.zeros((k, size), np.int32)
+        return self.draft_runner.lower_draft(self.draft_pool, np.zeros(size, np.int32), steps, steps,
+                                             np.ones((k, size), np.int32),
+                                             np.zeros((size, self.max_blocks_per_seq), np.int32), 0)
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the
@@ -273,6 +346,26 @@ class JaxExecutor:
             blocks = cache_ops.gather_blocks(pool, device_ids)  # [L, Hkv, size, Bs, D], split by head
             for shard in blocks.addressable_shards:  # each device copies out its own heads
                 host[:, self._local_heads(shard.index), host_ids] = np.asarray(shard.data)[:, :, :n]
+
+    def _swap_draft_out(self, pairs: np.ndarray) -> None:
+        """`_swap_out` of the draft model's pool (on one device) into its host pool."""
+        size = padding.pair_bucket(len(pairs))
+        self._programs.add(("draft_swap_out", size))
+        device_ids = jnp.asarray(_padded(pairs[:, 0], size))
+        for pool, host in zip(self.draft_pool, self.draft_host):
+            host[:, :, pairs[:, 1]] = np.asarray(cache_ops.gather_blocks(pool, device_ids))[:, :, : len(pairs)]
+
+    def _swap_draft_in(self, pairs: np.ndarray) -> None:
+        """`_swap_in` of the draft model's host pool into its pool."""
+        size = padding.pair_bucket(len(pairs))
+        self._programs.add(("draft_swap_in", size))
+        device_ids = jnp.asarray(_padded(pairs[:, 1], size))
+        updated = []
+        for pool, host in zip(self.draft_pool, self.draft_host):
+            blocks = np.zeros(host.shape[:2] + (size,) + host.shape[3:], host.dtype)  # [L, Hkv, size, Bs, D]
+            blocks[:, :, : len(pairs)] = host[:, :, pairs[:, 0]]
+            updated.append(cache_ops.scatter_blocks(pool, device_ids, jnp.asarray(blocks)))
+        self.draft_pool = tuple(updated)
 
     def _swap_in(self, k_pool, v_pool, pairs: np.ndarray):
         size = padding.pair_bucket(len(pairs))

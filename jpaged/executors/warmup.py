@@ -11,7 +11,10 @@ padding rules the scheduler and executor use (jpaged.core.padding) and the confi
   serves every draw mode, control, combination of controls and top-candidate width, the work a
   step does not need skipped at run time;
 - block operations: copy-on-write pair arrays (at most one copy per running sequence a step) and,
-  under swap preemption with a host pool, swap-out and swap-in pair arrays.
+  under swap preemption with a host pool, swap-out and swap-in pair arrays;
+- with a draft model (speculative.method draft_model, jpaged.executors.drafting): its step at
+  every model-step shape (it mirrors the target's), one draft loop per verify step's padded
+  sequence count, and its pool's block operations.
 
 A new static variant of any stage is one more family in `grid`. `compile_grid` runs each program
 once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
@@ -39,6 +42,7 @@ from tqdm.auto import tqdm
 from jpaged.config import EngineConfig
 from jpaged.core import padding
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
+from jpaged.executors import drafting
 from jpaged.executors.sampling import SampleResult, SamplerProgram
 
 
@@ -57,17 +61,25 @@ class ModelStep:
     num_tokens: int  # T
     num_seqs: int  # S: the power of two at or above T, at most max_num_seqs
     table_width: int  # M: the full width
+    draft: bool = False  # the draft model's step (speculative.method draft_model), else the target's
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftLoop:
+    """The draft model's loop of a verify step of S padded sequences (jpaged.executors.drafting)."""
+
+    num_seqs: int  # S
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockOp:
     """One padded size of a block operation's pair array."""
 
-    op: str  # "copy_blocks", "swap_out" or "swap_in"
+    op: str  # "copy_blocks", "swap_out", "swap_in"; "draft_" + those: the draft model's pool
     num_pairs: int
 
 
-Program = ModelStep | SamplerProgram | BlockOp
+Program = ModelStep | SamplerProgram | BlockOp | DraftLoop
 
 
 def model_steps(config: EngineConfig) -> list[ModelStep]:
@@ -93,22 +105,41 @@ def _greedy_rows(num_rows: int) -> SamplingBatch:
 
 def block_ops(config: EngineConfig) -> list[BlockOp]:
     """Every padded block-operation size under `config`."""
-    ops = [BlockOp("copy_blocks", size) for _, size in padding.padded_sizes(padding.pair_bucket, 1,
-                                                                             config.scheduler.max_num_seqs)]
+    copies = ["copy_blocks", "draft_copy_blocks"] if _drafts(config) else ["copy_blocks"]
+    ops = [BlockOp(op, size) for op in copies
+           for _, size in padding.padded_sizes(padding.pair_bucket, 1, config.scheduler.max_num_seqs)]
     cache = config.cache
     if config.scheduler.preemption_mode == "swap" and cache.num_host_blocks:
         most = min(cache.num_usable_blocks, cache.num_host_blocks)  # one step moves at most this many
         sizes = [size for _, size in padding.padded_sizes(padding.pair_bucket, 1, most)]
-        ops += [BlockOp(op, size) for op in ("swap_out", "swap_in") for size in sizes]
+        swaps = ("swap_out", "swap_in")
+        if _drafts(config):
+            swaps += ("draft_swap_out", "draft_swap_in")
+        ops += [BlockOp(op, size) for op in swaps for size in sizes]
     return ops
 
 
+def _drafts(config: EngineConfig) -> bool:
+    """True when `config` runs a draft model (speculative.method draft_model)."""
+    return config.speculative.method == "draft_model"
+
+
+def draft_programs(config: EngineConfig) -> list[ModelStep | DraftLoop]:
+    """The draft model's programs under `config` (none without one): its step at every shape of
+    the target's, which it mirrors, and one draft loop per verify step's padded sequence count."""
+    if not _drafts(config):
+        return []
+    steps = [dataclasses.replace(step, draft=True) for step in model_steps(config)]
+    return [*steps, *(DraftLoop(size) for size in drafting.draft_loop_sizes(config))]
+
+
 def grid(config: EngineConfig) -> list[Program]:
-    """Every program the engine can run under `config`, in compile order: model steps, the sampler
-    (which samples the logits of a step of its S), block operations."""
+    """Every program the engine can run under `config`, in compile order: model steps, the draft
+    model's steps and loops, the sampler (which samples the logits of a step of its S), block
+    operations."""
     steps = model_steps(config)
     seq_sizes = sorted({step.num_seqs for step in steps})
-    return [*steps, *sampler_programs(seq_sizes), *block_ops(config)]
+    return [*steps, *draft_programs(config), *sampler_programs(seq_sizes), *block_ops(config)]
 
 
 def padding_plan(step: ModelStep) -> StepPlan:
@@ -122,7 +153,8 @@ def padding_plan(step: ModelStep) -> StepPlan:
 
 def _block_plan(op: BlockOp) -> StepPlan:
     pairs = [(0, 0)] * op.num_pairs  # block 0 onto itself, or to and from host block 0
-    name = {"copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op]
+    # (a block operation runs on the draft model's pool too: "draft_" + its name is that program)
+    name = {"copy_blocks": "copy", "swap_out": "swap_out", "swap_in": "swap_in"}[op.op.removeprefix("draft_")]
     return StepPlan.block_ops_only(**{name: pairs})
 
 
@@ -136,11 +168,15 @@ class CompilingExecutor(Protocol):
     def num_compilations(self) -> int:
         """Distinct programs run so far."""
 
-    def run_model(self, plan: StepPlan) -> jax.Array:
-        """The model step of `plan` alone: its logits [S, V]."""
+    def run_model(self, plan: StepPlan, draft: bool = False) -> jax.Array:
+        """The model step of `plan` alone (`draft`: the draft model's): its logits [S, V]."""
 
-    def lower_model(self, plan: StepPlan) -> jax.stages.Lowered:
-        """The model step of `plan` traced and lowered, to be compiled (on any thread)."""
+    def lower_model(self, plan: StepPlan, draft: bool = False) -> jax.stages.Lowered:
+        """The model step of `plan` traced and lowered (`draft`: the draft model's), to be
+        compiled (on any thread)."""
+
+    def lower_draft_loop(self, num_seqs: int) -> jax.stages.Lowered:
+        """The draft loop of `num_seqs` padded sequences, traced and lowered, to be compiled."""
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         """The sampler on `logits`."""
@@ -169,6 +205,7 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
     running ones (at most `workers`) finished, and WarmUpStopped raised."""
     programs = grid(config)
     steps = [p for p in programs if isinstance(p, ModelStep)]
+    loops = [p for p in programs if isinstance(p, DraftLoop)]
     samplers = [p for p in programs if isinstance(p, SamplerProgram)]
     ops = [p for p in programs if isinstance(p, BlockOp)]
     workers = workers or os.cpu_count() or 1
@@ -203,12 +240,21 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
             compiling = []
             for step in steps:
                 check_stop()
-                compiling.append(submit(step, executor.lower_model(padding_plan(step)).compile))
+                compiling.append(submit(step, executor.lower_model(padding_plan(step), step.draft).compile))
+            looping = []  # draft loops: compiled, and jit keeps the executable for the first verify step
+            for loop in loops:
+                check_stop()
+                looping.append(submit(loop, executor.lower_draft_loop(loop.num_seqs).compile))
             sampled: dict[int, Future] = {}  # S -> its sampler program, run on the logits of a step of S
+            for future in looping:
+                check_stop()
+                future.result()
             for step, future in zip(steps, compiling):
                 check_stop()
                 future.result()
-                out = executor.run_model(padding_plan(step))  # f32[S, V]
+                out = executor.run_model(padding_plan(step), step.draft)  # f32[S, V]
+                if step.draft:
+                    continue
                 if step.num_seqs not in sampled:
                     sampled[step.num_seqs] = submit(SamplerProgram(step.num_seqs), executor.sample, out,
                                                     _greedy_rows(1))
@@ -235,7 +281,10 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
 
 def _describe(program: Program) -> str:
     if isinstance(program, ModelStep):
-        return f"step T={program.num_tokens} S={program.num_seqs} M={program.table_width}"
+        return f"{'draft ' if program.draft else ''}step T={program.num_tokens} S={program.num_seqs} " \
+               f"M={program.table_width}"
+    if isinstance(program, DraftLoop):
+        return f"draft loop S={program.num_seqs}"
     if isinstance(program, SamplerProgram):
         return f"sample S={program.num_rows}"
     return f"{program.op} {program.num_pairs}"

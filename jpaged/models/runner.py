@@ -17,7 +17,9 @@ names; a step asked for prompt scores also runs it at every token row, inside th
 behind a `lax.cond` (`step_with_prompt_scores`), so prompt log-probabilities need no program of
 their own. Each distinct padded shape compiles once (the executor brings every plan of T tokens
 to one shape, `StepPlan.to_ragged`); `num_compilations` counts traces so the engine can show that
-steady-state serving does not recompile.
+steady-state serving does not recompile. `draft` runs several greedy decode steps of the model in
+one program (a `fori_loop` over the same layers, the pool as its carry): a draft model's drafts
+for a verify step (jpaged.executors.drafting).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class ModelRunner:
             jit_kwargs["out_shardings"] = (parallel.replicated(mesh), parallel.replicated(mesh), (pools, pools))
             attend = parallel.per_head_shards(mesh, attend, num_replicated=5)
         self._step_fn = jax.jit(functools.partial(self._step, attend), **jit_kwargs)
+        if mesh is not None:
+            jit_kwargs["out_shardings"] = (parallel.replicated(mesh), (pools, pools))
+        self._draft_fn = jax.jit(functools.partial(self._draft_loop, attend), **jit_kwargs)
 
     def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
@@ -193,6 +198,69 @@ class ModelRunner:
               query_start_loc: jax.Array, logits_indices: jax.Array):
         # Runs only while tracing: counts compilations, one per distinct padded shape.
         self.num_compilations += 1
+        model, head, h, kv_pool = self._forward(write_and_attend, params, kv_pool, token_ids, positions,
+                                                slot_mapping, block_tables, context_lens, query_start_loc)
+        # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
+        logits = model.logits(h[logits_indices], head)
+
+        def scores():  # every token row's logits [T, V], reduced on device
+            return logprobs.prompt_scores(model.logits(h, head), targets, want_top, self.num_top)
+
+        shapes = jax.eval_shape(scores)
+        prompt = jax.lax.cond(want_prompt, scores, lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))
+        return logits, prompt, kv_pool
+
+    def draft(self, kv_pool: KVPool, first_tokens: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+              context_lens: np.ndarray, block_tables: np.ndarray, num_steps: int) -> tuple[jax.Array, KVPool]:
+        """Greedy decodes of every sequence, `num_steps` (<= K + 1) in one program: step j feeds
+        sequence s `first_tokens[s]` (j = 0) or step j - 1's argmax, at `positions[j, s]`, writing
+        its K/V to `slot_mapping[j, s]`, with `context_lens[j, s]` tokens of context (its own
+        included) through `block_tables[s]` (i32[S, M]); the per-step arrays are i32[K + 1, S].
+        Returns (i32[K + 1, S] each step's argmax, rows past `num_steps` zero; the updated pool),
+        on device. The pool passed in is donated. One program per (K, S, M)."""
+        return self._draft_fn(*self._draft_arguments(kv_pool, first_tokens, positions, slot_mapping, context_lens,
+                                                     block_tables, num_steps))
+
+    def lower_draft(self, *args) -> jax.stages.Lowered:
+        """`draft` of these arguments' shapes, traced and lowered, not run (counted in
+        `num_compilations`): its `compile()` is the program a later `draft` of that shape runs."""
+        return self._draft_fn.lower(*self._draft_arguments(*args))
+
+    def _draft_arguments(self, kv_pool: KVPool, first_tokens: np.ndarray, positions: np.ndarray,
+                         slot_mapping: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray,
+                         num_steps: int) -> tuple:
+        """The draft loop's checked arguments, in its order."""
+        arrays = (first_tokens, positions, slot_mapping, context_lens, block_tables)
+        for name, arr in zip(("first_tokens", "positions", "slot_mapping", "context_lens", "block_tables"), arrays):
+            if arr.dtype != np.int32:
+                raise ValueError(f"{name}: expected int32, got {arr.dtype}")
+        return (self.params, kv_pool, np.int32(num_steps), *arrays)
+
+    def _draft_loop(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, num_steps: jax.Array,
+                    first_tokens: jax.Array, positions: jax.Array, slot_mapping: jax.Array, context_lens: jax.Array,
+                    block_tables: jax.Array):
+        # Runs only while tracing: one program per shape, counted with the steps.
+        self.num_compilations += 1
+        num_seqs = first_tokens.shape[0]
+        # Step j computes one token per sequence: token row s is sequence s's query range.
+        query_start_loc = jnp.arange(num_seqs + 1, dtype=jnp.int32)
+
+        def one_step(j, carry):
+            tokens, pool, out = carry  # i32[S], the pool, i32[K + 1, S]
+            model, head, h, pool = self._forward(write_and_attend, params, pool, tokens, positions[j],
+                                                 slot_mapping[j], block_tables, context_lens[j], query_start_loc)
+            picked = jnp.argmax(model.logits(h, head), axis=-1).astype(jnp.int32)  # [S, V] -> [S]
+            return picked, pool, out.at[j].set(picked)
+
+        _, kv_pool, out = jax.lax.fori_loop(0, num_steps, one_step,
+                                            (first_tokens, kv_pool, jnp.zeros(positions.shape, jnp.int32)))
+        return out, kv_pool
+
+    def _forward(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, token_ids: jax.Array,
+                 positions: jax.Array, slot_mapping: jax.Array, block_tables: jax.Array, context_lens: jax.Array,
+                 query_start_loc: jax.Array):
+        """The decoder over the pool up to the LM head: (model, packed head or None, hidden [T, H],
+        pool with the tokens' K/V written)."""
         spec = self.spec
 
         def attend(pool, i, q, k, v):
@@ -208,12 +276,4 @@ class ModelRunner:
             decoder.merge(spec, params), None)
         h = model.embed_tokens(token_ids, positions)  # [T, H]
         h, kv_pool = model.run_layers(h, positions, tuple(kv_pool), attend, blocks)
-        # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
-        logits = model.logits(h[logits_indices], head)
-
-        def scores():  # every token row's logits [T, V], reduced on device
-            return logprobs.prompt_scores(model.logits(h, head), targets, want_top, self.num_top)
-
-        shapes = jax.eval_shape(scores)
-        prompt = jax.lax.cond(want_prompt, scores, lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))
-        return logits, prompt, kv_pool
+        return model, head, h, kv_pool

@@ -9,7 +9,7 @@ import pytest
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.kv.block_manager import BlockManager
-from jpaged.core.sched.speculation import Speculator, accepted_length, ngram_draft
+from jpaged.core.sched.speculation import PLACEHOLDER, Speculator, accepted_length, ngram_draft
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from jpaged.engine import LLMEngine
 from jpaged.paper.sim.executor import SimExecutor
@@ -49,15 +49,28 @@ def test_config_reads_prompt_lookup_bounds_as_vllm_and_names_bad_fields():
         SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_min=4, prompt_lookup_max=2)
     with pytest.raises(ValueError, match="speculative.method"):
         SpeculativeConfig(method="eagle", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="speculative.model: .*required by method 'draft_model'"):
+        SpeculativeConfig(method="draft_model", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="speculative.model: .*got 'draft' with method 'ngram'"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=2, model="draft")
+
+
+def _sim_engine(speculative: SpeculativeConfig) -> LLMEngine:
+    config = EngineConfig(cache=CacheConfig(num_blocks=64, block_size=4), executor="sim",
+                          scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64),
+                          speculative=speculative)
+    return LLMEngine(config, executor=SimExecutor(get_preset("tiny-opt"), block_size=4))
 
 
 def test_beam_search_is_refused_naming_the_field():
-    config = EngineConfig(cache=CacheConfig(num_blocks=64, block_size=4), executor="sim",
-                          scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64),
-                          speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=2))
-    engine = LLMEngine(config, executor=SimExecutor(get_preset("tiny-opt"), block_size=4))
+    engine = _sim_engine(SpeculativeConfig(method="ngram", num_speculative_tokens=2))
     with pytest.raises(ValueError, match=r"sampling_params.use_beam_search: not supported with speculative"):
         engine.add_request("beam", [1, 2, 3], SamplingParams(n=2, use_beam_search=True))
+
+
+def test_an_executor_without_a_draft_model_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"speculative.method: 'draft_model' needs an executor .* SimExecutor"):
+        _sim_engine(SpeculativeConfig(method="draft_model", model="assets/none", num_speculative_tokens=2))
 
 
 def test_trim_gives_back_the_blocks_past_the_kept_tokens():
@@ -98,3 +111,18 @@ def test_drafts_respect_room_controls_and_the_batch_size_bound():
     stats = speculator.stats
     assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 3, 2)
     assert stats.accepted_per_pos == [1, 1, 0, 0] and stats.mean_acceptance_length == 3.0
+
+
+def test_a_draft_model_gets_placeholders_under_the_same_rules():
+    config = SpeculativeConfig(method="draft_model", model="assets/none", num_speculative_tokens=4,
+                               disable_by_batch_size=3)
+    speculator = Speculator(config, max_num_seqs=16, max_num_batched_tokens=64)
+    novel = [9, 8, 7, 6, 5]  # nothing for prompt lookup: a draft model drafts anyway
+    plain, short, penalised = (_group("r1", novel), _group("r2", novel, max_tokens=3),
+                               _group("r3", novel, presence_penalty=0.5))
+    short.token_ids += [3, 2]  # 7 of its 5 + 3 tokens: room for the step's own token alone
+    assert speculator.drafts([plain, penalised]) == [[PLACEHOLDER] * 4, []]
+    assert speculator.drafts([short, penalised]) is None  # nobody drafts
+    assert speculator.drafts([plain, short, penalised]) is None  # disable_by_batch_size
+    narrow = Speculator(config, max_num_seqs=6, max_num_batched_tokens=64)
+    assert narrow.drafts([plain, plain]) == [[PLACEHOLDER] * 2] * 2

@@ -1,14 +1,19 @@
 """Speculative decoding on the real model: the same tokens as without it, greedy and seeded
 sampling alike (with n > 1, logprobs, stop ids and max_tokens), in the overlapped loop, through
-preemption by recompute and by swap, and with the prefix cache (whose blocks then give the same outputs again); every
-block comes back. The drafts must be accepted and rejected for these to mean anything: each test
+preemption by recompute and by swap, and with the prefix cache (whose blocks then give the same
+outputs again), with n-gram drafts and a draft model's; every block comes back. The drafts must be
+accepted and rejected for these to mean anything: each test
 checks both happened."""
 
+import jax
 import numpy as np
 import pytest
 
 from jpaged.config import SpeculativeConfig
+from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
+from jpaged.models import decoder
+from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 from tests.helpers.tiny_engines import make_engine, run_to_end
 
 NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -100,4 +105,47 @@ def test_prefix_cache_blocks_written_by_verify_steps_serve_again(plain_outputs):
     # The prompts extended by their outputs: the blocks verify steps wrote hit, and read right.
     _same(_serve(engine, _extended(first), tag="b"), plain_outputs[1])
     assert engine.kv_stats()["prefix_cached_tokens"] > sum(map(len, PROMPTS))
+    _accepted_and_rejected(engine)
+
+
+def _draft_dir(directory, noise: float):
+    """tiny-opt's dummy weights (make_engine's target) as a Hugging Face directory, each weight
+    plus Gaussian noise of `noise` times its standard deviation (0: the target itself)."""
+    spec = get_preset("tiny-opt")
+    params = decoder.init_params(spec, seed=0)
+    leaves, tree = jax.tree.flatten(params)
+    rng = np.random.default_rng(0)
+    leaves = [np.asarray(x) + noise * np.std(x) * rng.standard_normal(x.shape).astype(np.float32) for x in leaves]
+    write_hf_dir(directory, spec, jax.tree.unflatten(tree, leaves), HF_CONFIGS["tiny-opt"])
+    return str(directory)
+
+
+def _draft_model(directory: str) -> SpeculativeConfig:
+    return SpeculativeConfig(method="draft_model", model=directory, num_speculative_tokens=3)
+
+
+def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(plain_outputs, tmp_path):
+    engine = make_engine(speculative=_draft_model(_draft_dir(tmp_path / "self", 0.0)))
+    _same(_serve(engine), plain_outputs[0])
+    before = engine.kv_stats()
+    # Greedy rows accept every draft of their own model's greedy decodes: k + 1 tokens a step.
+    greedy = [PROMPTS[0]] * 2
+    for i, prompt in enumerate(greedy):
+        engine.add_request(f"g{i}", prompt, _params(0))
+    outputs = run_to_end(engine)
+    assert [outputs[f"g{i}"].outputs[0].token_ids for i in range(2)] == [plain_outputs[0][0].outputs[0].token_ids] * 2
+    after = engine.kv_stats()
+    drafted, accepted = (after[key] - before[key] for key in ("spec_num_draft_tokens", "spec_num_accepted_tokens"))
+    num_drafts = after["spec_num_drafts"] - before["spec_num_drafts"]
+    assert accepted == drafted > 0 and 1 + accepted / num_drafts > 3.5
+    assert after["num_free_blocks"] == after["num_total_blocks"]
+
+
+def test_another_draft_is_verified_through_swap_preemption(plain_outputs, tmp_path):
+    # The draft's pool is swapped with the target's. (A draft model drafts for every sequence: 14
+    # blocks leave room for verify steps.)
+    engine = make_engine(num_blocks=15, preemption_mode="swap",
+                         speculative=_draft_model(_draft_dir(tmp_path / "noisy", 1.0)))
+    _same(_serve(engine), plain_outputs[0])
+    assert engine.kv_stats()["num_preemptions"] > 0
     _accepted_and_rejected(engine)

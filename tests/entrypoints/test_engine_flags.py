@@ -154,3 +154,12 @@ def test_bad_choices_and_types_are_refused_by_the_parser(capsys):
         with pytest.raises(SystemExit):
             _parse(*argv)
         assert argv[0] in capsys.readouterr().err
+
+
+def test_the_speculative_config_flag_sets_a_draft_model():
+    flag = '{"method": "draft_model", "model": "assets/stdlib-draft-lm", "num_speculative_tokens": 4}'
+    config = engine_config("tiny-opt", **engine_args_from(_parse("--speculative-config", flag)))
+    assert (config.speculative.method, config.speculative.model, config.speculative.num_speculative_tokens) == (
+        "draft_model", "assets/stdlib-draft-lm", 4)
+    with pytest.raises(ValueError, match="speculative.model"):
+        engine_config("tiny-opt", speculative_config={"method": "draft_model", "num_speculative_tokens": 4})

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jpaged.config.presets import get_preset
 from jpaged.core import padding
 from jpaged.core.constraints import bitmask_words
 from jpaged.core.sampling_controls import SamplingControls
@@ -28,6 +29,8 @@ from jpaged.core.sequence import SamplingParams, active_controls
 from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.entrypoints.engine_args import engine_config, load_engine
 from jpaged.executors import sampling, warmup
+from jpaged.models import decoder
+from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 
 REPO = Path(__file__).resolve().parents[2]
 # Small enough to compile its whole grid in seconds, tight enough in blocks to preempt by swapping.
@@ -105,6 +108,33 @@ def test_grid_covers_mixed_load_without_compiling():
     stats = engine.kv_stats()
     assert stats["num_preemptions"] > 0  # the load did preempt (swap)
     assert stats["num_compilations"] == warm
+    assert compiles == []
+
+
+def test_grid_covers_a_draft_models_programs(tmp_path):
+    """With a draft model (here the target itself): its steps, its draft loop and its pool's
+    copies are in the grid, and verify steps then compile nothing."""
+    spec = get_preset("tiny-llama")
+    write_hf_dir(tmp_path / "draft", spec, decoder.init_params(spec, seed=0), HF_CONFIGS["tiny-llama"])
+    engine, _ = load_engine("tiny-llama", **SMALL, speculative_config={
+        "method": "draft_model", "model": str(tmp_path / "draft"), "num_speculative_tokens": 3})
+    programs = warmup.grid(engine.config)
+    assert sum(isinstance(p, warmup.DraftLoop) for p in programs) == 1  # verify steps of <= 2 sequences: S = 8
+    report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+    assert report["num_compilations"] == report["num_programs"] == len(programs)
+    rng = random.Random(1)
+    # One greedy request (3 drafts a step), two samples forking a prompt (copy-on-write in both
+    # pools), two greedy requests (1 draft each a step).
+    loads = [[SamplingParams(max_tokens=20, ignore_eos=True)],
+             [SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=12, ignore_eos=True)],
+             [SamplingParams(max_tokens=12, ignore_eos=True)] * 2]
+    with backend_compiles() as compiles:
+        for params in loads:
+            prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(1, 30))] for _ in params]
+            assert all(out.finished for out in engine.generate(prompts, params, use_tqdm=False))
+    stats = engine.kv_stats()
+    assert stats["spec_accepted_per_pos"][2] > 0 and stats["spec_num_accepted_tokens"] > 0
+    assert stats["num_compilations"] == report["num_compilations"]
     assert compiles == []
 
 
@@ -233,8 +263,8 @@ def test_compile_grid_stops_between_programs_when_told(monkeypatch):
     stop = threading.Event()
     lower_model = engine.executor.lower_model
 
-    def lower_then_stop(plan):  # the first program is lowered (and compiles), then a shutdown asks to stop
-        lowered = lower_model(plan)
+    def lower_then_stop(plan, draft=False):  # the first program is lowered (and compiles), then a shutdown asks to stop
+        lowered = lower_model(plan, draft)
         stop.set()
         return lowered
 

@@ -134,7 +134,8 @@ class Postprocessor:
         accept and the one token after them are appended one by one (each through the stop checks:
         a stop ends the sequence there), once its slots past the verified tokens are given back."""
         scheduler = self.scheduler
-        offsets, drafts = rows.spec_offsets, rows.spec_drafts
+        offsets = rows.spec_offsets
+        drafts = rows.spec_drafts if result.drafts is None else result.drafts.tolist()
         start, num_rows = 0, len(tokens)
         while start < num_rows:
             end = start + 1

@@ -1,7 +1,8 @@
 """Speculative decoding's host half: drafts, the verify step's acceptance rule and its counters.
 
 A decoding sequence of L tokens holds the KV of its first L - 1; its next step computes token L - 1.
-With speculation, a proposer drafts d_1..d_k (`ngram_draft`: prompt lookup), and one verify step
+With speculation, a proposer drafts d_1..d_k (`ngram_draft`: prompt lookup; or a draft model, run
+by the executor just before the verify step: `PLACEHOLDER`), and one verify step
 computes the k + 1 tokens t_{L-1}, d_1..d_k, writing their K/V into slots reserved like any
 prompt chunk's (`BlockManager.append_slots`: new blocks, copy-on-write of a shared last block).
 Row j of the sequence samples position L + j as a decode would (`x_j`, drawn from the target
@@ -36,6 +37,11 @@ from jpaged.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from jpaged.core.sequence import Sequence
+
+# A draft token the executor's draft model fills in (method draft_model): the verify plan carries
+# it at the draft's token row and in `SampleRows.spec_drafts`; `ModelOutput.drafts` brings the
+# drafts back.
+PLACEHOLDER = -1
 
 
 def ngram_draft(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -114,7 +120,8 @@ class Speculator:
                    self.max_num_batched_tokens // num_seqs - 1)
 
     def drafts(self, seqs: list[Sequence]) -> list[list[int]] | None:
-        """Each decoding sequence's drafts for the next step ([] for one that drafts nothing), or
+        """Each decoding sequence's drafts for the next step ([] for one that drafts nothing;
+        `room` PLACEHOLDERs each with a draft model, whose drafts the executor computes), or
         None when the step should run without speculation: at or above `disable_by_batch_size`
         sequences, where k + 1 rows per sequence would pass the sampler's rows (max_num_seqs) or
         the token budget, or when no sequence has a draft."""
@@ -129,7 +136,10 @@ class Speculator:
             if room < 1 or group.has_controls or seq.constraint is not None:
                 drafts.append([])
                 continue
-            drafts.append(ngram_draft(seq.token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max))
+            if config.method == "draft_model":  # the executor's draft model fills them in
+                drafts.append([PLACEHOLDER] * room)
+            else:
+                drafts.append(ngram_draft(seq.token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max))
         return drafts if any(drafts) else None
 
     def verified(self, drafts: list[int], sampled: list[int]) -> int:
