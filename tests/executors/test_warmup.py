@@ -111,6 +111,7 @@ def test_grid_covers_mixed_load_without_compiling():
     assert compiles == []
 
 
+@pytest.mark.slow  # a whole grid twice over (target and draft): 40 s on 2 cores
 def test_grid_covers_a_draft_models_programs(tmp_path):
     """With a draft model (here the target itself): its steps, its draft loop and its pool's
     copies are in the grid, and verify steps then compile nothing."""
