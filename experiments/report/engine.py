@@ -6,6 +6,8 @@ engine without it; and `jpaged serve` against `vllm serve` driven by vLLM's own 
 
 from __future__ import annotations
 
+import json
+
 from experiments.markdown import Figures, command, not_run
 
 
@@ -161,6 +163,8 @@ def spec_decode(results: dict, figures: Figures) -> str:
     if "spec_decode_sweep" in results:
         out += ("Where it stops paying, without a batch threshold (this sweep set the threshold above): "
                 + _spec_table(results["spec_decode_sweep"], "spec_decode_sweep") + "\n\n")
+    if "spec_serve" in results:
+        out += _spec_serve(results["spec_serve"]) + "\n\n"
     return out + ("The verify step costs what a decode costs while its tokens stay inside the decode's token bucket "
                   "(a batch of one pads to 8 tokens), so at batch 1 the gain follows the acceptance length; beyond "
                   "that the CPU's step time grows with its tokens, and a verify step of B (k + 1) tokens costs more "
@@ -189,3 +193,22 @@ def _spec_table(r: dict, config: str) -> str:
             f"{cfg['code_tokens']} tokens of held-out standard-library code, then its first "
             f"{cfg['repeat_tokens']} again; random: {cfg['prompt_len']} random tokens. Configs: {configs}.\n\n"
             + "\n".join(rows))
+
+
+def _spec_serve(r: dict) -> str:
+    """The served comparison: `jpaged serve` with and without speculation under bench-serving."""
+    prov, cfg = r["provenance"], r["provenance"]["config"]
+    loads = [run["load_average"][0] for run in r["runs"]]
+    rows = ["| request rate | off tok/s | with tok/s | tok/s ratio (runs) | median TPOT off / with (ms) | TPOT ratio | "
+            "acceptance length |", "|---|---|---|---|---|---|---|"]
+    for row in r["summary"]:
+        length = row["acceptance_length_median"]
+        rows.append(f"| {row['rate']} | {row['off_tok_s_median']:.0f} | {row['spec_tok_s_median']:.0f} | "
+                    f"{row['tok_s_ratio_median']:.2f}x ({', '.join(f'{x:.2f}' for x in row['tok_s_ratios'])}) | "
+                    f"{row['off_median_tpot_ms']:.1f} / {row['spec_median_tpot_ms']:.1f} | "
+                    f"**{row['tpot_ratio_median']:.2f}x** | {'—' if length is None else f'{length:.2f}'} |")
+    return (f"Served: {command('bench.spec_serve')} at `{prov.get('git_sha', '?')[:12]}` (load average "
+            f"{min(loads):.1f}–{max(loads):.1f}): two `jpaged serve` processes, without and with "
+            f"`--speculative-config '{json.dumps(cfg['speculative'])}'`, driven by `jpaged bench-serving` "
+            f"({cfg['dataset']} lengths x {cfg['length_scale']}, {cfg['num_prompts']} requests per run, "
+            f"{cfg['repeats']} interleaved repeats):\n\n" + "\n".join(rows))
