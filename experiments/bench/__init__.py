@@ -7,6 +7,6 @@ speculative decoding against the same engine without it.
 
 bench_host, bench_decode, dense_bench, profile_forward, profile_executor, serve_real,
 serve_vs_offline, sampling_cost, bench_sampler, bench_grammar, bench_overlap, plan_transport,
-spec_decode; serve_common.py holds what the serving benchmarks share (a server process and
+spec_decode, spec_serve; serve_common.py holds what the serving benchmarks share (a server process and
 its CPU time, `jpaged bench-serving` runs), here and in experiments/peers.
 """
