@@ -29,12 +29,15 @@ from jpaged.config.presets import ModelSpec
 from jpaged.core.padding import seq_bucket
 from jpaged.core.step_plan import SampleRows, StepPlan
 from jpaged.models import decoder
-from jpaged.models.checkpoint import load_params
 
 
 def load_draft(config: EngineConfig, target: ModelSpec) -> tuple[ModelSpec, decoder.Params]:
     """The draft model `speculative.model` (a local Hugging Face directory) in the target's dtype:
     (spec, params). ValueError naming `speculative.model` when it cannot be the target's draft."""
+    # Imported here: the checkpoint module imports orbax, whose import configures the root logger
+    # (absl), and the warm-up grid imports this module before `jpaged serve` sets its log level.
+    from jpaged.models.checkpoint import load_params
+
     model = config.model
     if model.tensor_parallel_size > 1:
         raise ValueError(f"speculative.model: a draft model runs on one device; model.tensor_parallel_size is "
