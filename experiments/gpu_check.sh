@@ -42,7 +42,8 @@ stage() {  # stage NAME TIMEOUT_S COMMAND...: run, log rc and wall time, keep th
 stage env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv;
   python -c "import jax, jaxlib, triton; print(\"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__, \"triton\", triton.__version__, jax.devices())"'
 
-stage tests 180 bash -c "python -m pytest -q -p no:cacheprovider tests/pallas_kernels \
+# -o addopts=: one process (not the suite's two xdist workers), whether or not pytest-xdist is installed.
+stage tests 180 bash -c "python -m pytest -q -p no:cacheprovider -o addopts= -m 'not slow and not compile_grid' tests/pallas_kernels \
   --ignore=tests/pallas_kernels/test_kernels_lowering.py --ignore=tests/pallas_kernels/test_kernels_compile.py \
   2>&1 | tee results/kernel_bench_${DEVICE}_tests.log; exit \${PIPESTATUS[0]}"
 

@@ -11,11 +11,17 @@ import os
 import tempfile
 
 # Set through the environment, which jax reads when it is first imported: the pure-Python tests
-# (tests/core) never import jax, and the test subprocesses share the cache.
-# CI sets JPAGED_TEST_XLA_CACHE to one folder for all the pytest runs of one CI run (the default
-# suite, the slow tier), so each reuses what the ones before it compiled.
+# (tests/core) never import jax, and the test subprocesses share the cache. CI sets
+# JPAGED_TEST_XLA_CACHE to one folder for all the pytest runs of one CI run (the default suite, the
+# newest-jax block, the slow tier). Otherwise the folder is made here and put in the environment,
+# so pytest-xdist's workers (spawned after this module loads in the controlling process) share it:
+# a program one worker compiled, the other loads. The controller's TemporaryDirectory removes it.
 _CACHE = None if os.environ.get("JPAGED_TEST_XLA_CACHE") else tempfile.TemporaryDirectory(prefix="jpaged-test-xla-cache-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("JPAGED_TEST_XLA_CACHE") or _CACHE.name
+if _CACHE is not None:
+    os.environ["JPAGED_TEST_XLA_CACHE"] = _CACHE.name
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JPAGED_TEST_XLA_CACHE"]
+# On a GPU the two workers share the device: each allocates what it uses, not 75% of it up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Engines that size their KV pool from free host memory take 256 MiB here, not the 4 GiB a user's
 # gets (jpaged.executors.kv_sizing): the suite builds many engines, and a few alive at once at
 # 4 GiB each exhausted this 24 GB machine. (Set before the tests' subprocesses inherit it.)

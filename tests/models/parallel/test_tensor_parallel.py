@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_tensor_parallel_cases_on_four_virtual_devices():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/models/parallel/tp_cases.py"],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
+         "tests/models/parallel/tp_cases.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
     assert "skipped" not in child.stdout, child.stdout[-2000:]
