@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jpaged.config import EngineConfig
-from jpaged.config.presets import get_preset
+from jpaged.config.presets import ModelSpec, get_preset
 from jpaged.core import padding
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors import drafting, kv_sizing, prompt_logprobs, sampling
@@ -67,6 +67,11 @@ def _device_bytes() -> int:
     `memory_stats()` of a non-addressable device raises."""
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("bytes_limit") or _host_bytes()
+
+
+def _block_bytes(spec: ModelSpec, num_kv_heads: int, block_size: int, dtype: np.dtype) -> int:
+    """Bytes of one block's K and V, every layer, for `num_kv_heads` heads (one device's share)."""
+    return 2 * spec.num_layers * num_kv_heads * block_size * spec.head_dim * dtype.itemsize
 
 
 def _check_fits(field: str, num_blocks: int, block_bytes: int, limit: int, where: str) -> None:
@@ -104,17 +109,23 @@ class JaxExecutor:
             if self.mesh is not None:
                 params = parallel.shard_params(self.spec, params, self.mesh)
         # Bytes of one block (K and V, every layer) on one device: its share of the KV heads.
-        block_bytes = (2 * self.spec.num_layers * (self.spec.num_kv_heads // tp) * cache.block_size
-                       * self.spec.head_dim * self.dtype.itemsize)
+        block_bytes = _block_bytes(self.spec, self.spec.num_kv_heads // tp, cache.block_size, self.dtype)
         # bfloat16 on CPU is stored as its bits (kv_pool.storage_dtype); the host swap space alike.
         self.kv_dtype = storage_dtype(self.dtype, attention_backend=resolve_backend(model.attention_backend))
         self.block_size = cache.block_size
         self.runner = ModelRunner(self.spec, params, block_size=cache.block_size,
                                   attention_backend=model.attention_backend, mesh=self.mesh)
         del params  # the runner may hold its own copy (per-layer weights): the stacked tree goes before sizing
+        # speculative.method draft_model: loaded before sizing, so that its weights are out of the
+        # memory the pool is sized from; its pool has as many blocks as the target's (the same
+        # tables), so a block of the budget costs both models' K/V.
+        draft = drafting.load_draft(config, self.spec) if config.speculative.method == "draft_model" else None
+        draft_block_bytes = 0 if draft is None else _block_bytes(draft[0], draft[0].num_kv_heads, self.block_size,
+                                                                self.dtype)
         # cache.num_blocks, or sized from memory now that the weights are in it (jpaged.executors.kv_sizing).
         self.kv_cache = kv_sizing.kv_cache_size(
-            config, block_bytes, memory, lambda: kv_sizing.activation_bytes(self.runner, config, self._make_pool(2)))
+            config, block_bytes + draft_block_bytes, memory,
+            lambda: kv_sizing.activation_bytes(self.runner, config, self._make_pool(2)))
         field = ("cache.num_blocks" if cache.num_blocks is not None else "cache.kv_cache_memory_bytes"
                  if cache.kv_cache_memory_bytes is not None else "cache.gpu_memory_utilization")
         _check_fits(field, self.kv_cache.num_blocks, block_bytes, _device_bytes(), "device memory")
@@ -138,8 +149,8 @@ class JaxExecutor:
                     "host memory")
         self.host_k = np.zeros(shape, dtype=self.kv_dtype)  # [L, local Hkv, H, Bs, D] host pool in host memory
         self.host_v = np.zeros(shape, dtype=self.kv_dtype)
-        if config.speculative.method == "draft_model":
-            self._load_draft(config, num_host)
+        if draft is not None:
+            self._start_draft(config, *draft, num_host)
         self.vocab_size = self.spec.vocab_size  # token ids the engine accepts
         # The fixed widths of the sampler's per-row data: one sampler program per row count.
         self.sampler_widths = sampling.sampler_widths(config.scheduler.max_model_len, config.scheduler.max_num_seqs,
@@ -159,11 +170,10 @@ class JaxExecutor:
         """True when this executor drafts with a draft model (speculative.method draft_model)."""
         return self.draft_runner is not None
 
-    def _load_draft(self, config: EngineConfig, num_host: int) -> None:
+    def _start_draft(self, config: EngineConfig, spec: ModelSpec, params: decoder.Params, num_host: int) -> None:
         """The draft model's runner, its pool and its host pool (of `num_host` blocks): the
         target's block counts, block size and dtype."""
-        spec, params = drafting.load_draft(config, self.spec)
-        block_bytes = 2 * spec.num_layers * spec.num_kv_heads * self.block_size * spec.head_dim * self.dtype.itemsize
+        block_bytes = _block_bytes(spec, spec.num_kv_heads, self.block_size, self.dtype)
         _check_fits("speculative.model", self.kv_cache.num_blocks, block_bytes, _device_bytes(),
                     "device memory (the draft's pool)")
         _check_fits("speculative.model", num_host, block_bytes, _host_bytes(), "host memory (the draft's host pool)")

@@ -5,7 +5,8 @@
     cache.kv_cache_memory_bytes given:  kv_cache_memory_bytes // block_bytes
     otherwise:                          (gpu_memory_utilization x total - in_use - activations) // block_bytes
 
-`block_bytes` is one block's K and V, every layer, on one device (its share of the KV heads).
+`block_bytes` is one block's K and V, every layer, on one device (its share of the KV heads), and
+with a draft model (speculative.method draft_model) its block too: its pool has as many blocks.
 `total` and `in_use` (`DeviceMemory`): on a device that reports memory stats (GPU), its
 bytes_limit and bytes_in_use with the weights loaded; on CPU, which reports none, the host's
 free memory (MemAvailable) at that moment and 0: the loaded weights are already out of it, so the

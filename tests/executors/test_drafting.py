@@ -2,6 +2,8 @@
 filled in, the drafts each sample row checked; and its pool following the target's block
 operations. (On the real model: tests/engine/test_engine_speculative.py.)"""
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -88,3 +90,20 @@ def test_the_drafts_pool_is_swapped_and_copied_with_the_targets(tmp_path):
         np.testing.assert_array_equal(new[:, :, [7, 9]], old[:, :, [3, 3]])
         # (block 0, the padding pairs' target, excepted)
         np.testing.assert_array_equal(np.delete(new, [0, 7, 9], axis=2), np.delete(old, [0, 7, 9], axis=2))
+
+
+def test_a_pool_sized_from_a_budget_pays_for_the_drafts_blocks_too(tmp_path):
+    spec = get_preset("tiny-opt")
+    write_hf_dir(tmp_path / "draft", spec, decoder.init_params(spec, seed=1), HF_CONFIGS["tiny-opt"])
+    block_bytes = 2 * spec.num_layers * spec.num_kv_heads * 4 * spec.head_dim * 4  # float32, block_size 4
+    budget = 40 * block_bytes
+    scheduler = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32)
+    alone = EngineConfig(model=ModelConfig(name="tiny-opt", attention_backend="xla"),
+                         cache=CacheConfig(block_size=4, kv_cache_memory_bytes=budget), scheduler=scheduler)
+    drafted = dataclasses.replace(alone, speculative=SpeculativeConfig(
+        method="draft_model", model=str(tmp_path / "draft"), num_speculative_tokens=2))
+    # The draft here is the target's shape: a block costs twice as much, so half as many fit.
+    assert JaxExecutor(alone).kv_cache.num_blocks == 40
+    executor = JaxExecutor(drafted)
+    assert executor.kv_cache.num_blocks == 20
+    assert executor.draft_pool[0].shape[2] == 20  # [L, Hkv, N, Bs, D]
