@@ -120,6 +120,14 @@ def _rope_scaling(rope: dict, source: str) -> RopeScaling | None:
     raise ValueError(f"{source}: rope_type={kind!r} is not supported (allowed: default, linear, llama3)")
 
 
+def _spec(source: str, **fields: Any) -> ModelSpec:
+    """ModelSpec(**fields); its own checks (heads against KV heads, RoPE's even head_dim) name `source`."""
+    try:
+        return ModelSpec(**fields)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
 def spec_from_hf_config(config: Any, name: str, source: str = "config.json") -> ModelSpec:
     """A ModelSpec from a Hugging Face OPT or LLaMA config.json mapping; unsupported variants and
     fields of the wrong type or range raise ValueError naming the key and `source`."""
@@ -139,9 +147,9 @@ def spec_from_hf_config(config: Any, name: str, source: str = "config.json") -> 
         _require(config, "layer_norm_elementwise_affine", [True], source)
         if hidden % heads:
             raise ValueError(f"{source}: hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads})")
-        return ModelSpec(family="opt", num_kv_heads=heads, head_dim=hidden // heads,
-                         intermediate_size=_int(config, "ffn_dim", source), norm_eps=1e-5,
-                         tie_word_embeddings=_flag(config, "tie_word_embeddings", source, True), **common)
+        return _spec(source, family="opt", num_kv_heads=heads, head_dim=hidden // heads,
+                     intermediate_size=_int(config, "ffn_dim", source), norm_eps=1e-5,
+                     tie_word_embeddings=_flag(config, "tie_word_embeddings", source, True), **common)
     if model_type == "llama":
         _require(config, "hidden_act", ["silu"], source)
         _require(config, "attention_bias", [False], source)
@@ -149,10 +157,10 @@ def spec_from_hf_config(config: Any, name: str, source: str = "config.json") -> 
         rope = _rope_parameters(config, source)
         kv_heads = heads if config.get("num_key_value_heads") is None else _int(config, "num_key_value_heads", source)
         head_dim = hidden // heads if config.get("head_dim") is None else _int(config, "head_dim", source)
-        return ModelSpec(family="llama", num_kv_heads=kv_heads, head_dim=head_dim,
-                         intermediate_size=_int(config, "intermediate_size", source),
-                         norm_eps=_positive(config, "rms_norm_eps", source),
-                         rope_theta=_positive(rope, "rope_theta", source, 10000.0),
-                         rope_scaling=_rope_scaling(rope, source),
-                         tie_word_embeddings=_flag(config, "tie_word_embeddings", source, False), **common)
+        return _spec(source, family="llama", num_kv_heads=kv_heads, head_dim=head_dim,
+                     intermediate_size=_int(config, "intermediate_size", source),
+                     norm_eps=_positive(config, "rms_norm_eps", source),
+                     rope_theta=_positive(rope, "rope_theta", source, 10000.0),
+                     rope_scaling=_rope_scaling(rope, source),
+                     tie_word_embeddings=_flag(config, "tie_word_embeddings", source, False), **common)
     raise ValueError(f"{source}: model_type must be 'opt' or 'llama', got {model_type!r}")
