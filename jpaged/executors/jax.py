@@ -69,11 +69,6 @@ def _device_bytes() -> int:
     return stats.get("bytes_limit") or _host_bytes()
 
 
-def _block_bytes(spec: ModelSpec, num_kv_heads: int, block_size: int, dtype: np.dtype) -> int:
-    """Bytes of one block's K and V, every layer, for `num_kv_heads` heads (one device's share)."""
-    return 2 * spec.num_layers * num_kv_heads * block_size * spec.head_dim * dtype.itemsize
-
-
 def _check_fits(field: str, num_blocks: int, block_bytes: int, limit: int, where: str) -> None:
     """A pool that cannot fit is a ValueError naming its config field, not an allocation failure."""
     if num_blocks * block_bytes > limit:
@@ -109,7 +104,8 @@ class JaxExecutor:
             if self.mesh is not None:
                 params = parallel.shard_params(self.spec, params, self.mesh)
         # Bytes of one block (K and V, every layer) on one device: its share of the KV heads.
-        block_bytes = _block_bytes(self.spec, self.spec.num_kv_heads // tp, cache.block_size, self.dtype)
+        block_bytes = (2 * self.spec.num_layers * (self.spec.num_kv_heads // tp) * cache.block_size
+                       * self.spec.head_dim * self.dtype.itemsize)
         # bfloat16 on CPU is stored as its bits (kv_pool.storage_dtype); the host swap space alike.
         self.kv_dtype = storage_dtype(self.dtype, attention_backend=resolve_backend(model.attention_backend))
         self.block_size = cache.block_size
@@ -120,8 +116,7 @@ class JaxExecutor:
         # memory the pool is sized from; its pool has as many blocks as the target's (the same
         # tables), so a block of the budget costs both models' K/V.
         draft = drafting.load_draft(config, self.spec) if config.speculative.method == "draft_model" else None
-        draft_block_bytes = 0 if draft is None else _block_bytes(draft[0], draft[0].num_kv_heads, self.block_size,
-                                                                self.dtype)
+        draft_block_bytes = 0 if draft is None else draft[0].kv_bytes_per_token(self.dtype) * self.block_size
         # cache.num_blocks, or sized from memory now that the weights are in it (jpaged.executors.kv_sizing).
         self.kv_cache = kv_sizing.kv_cache_size(
             config, block_bytes + draft_block_bytes, memory,
@@ -173,7 +168,7 @@ class JaxExecutor:
     def _start_draft(self, config: EngineConfig, spec: ModelSpec, params: decoder.Params, num_host: int) -> None:
         """The draft model's runner, its pool and its host pool (of `num_host` blocks): the
         target's block counts, block size and dtype."""
-        block_bytes = _block_bytes(spec, spec.num_kv_heads, self.block_size, self.dtype)
+        block_bytes = spec.kv_bytes_per_token(self.dtype) * self.block_size  # one device: every KV head
         _check_fits("speculative.model", self.kv_cache.num_blocks, block_bytes, _device_bytes(),
                     "device memory (the draft's pool)")
         _check_fits("speculative.model", num_host, block_bytes, _host_bytes(), "host memory (the draft's host pool)")
