@@ -20,6 +20,9 @@ _CACHE = None if os.environ.get("JPAGED_TEST_XLA_CACHE") else tempfile.Temporary
 if _CACHE is not None:
     os.environ["JPAGED_TEST_XLA_CACHE"] = _CACHE.name
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JPAGED_TEST_XLA_CACHE"]
+# jpaged's own disk caches (the executable store that LLM(...) and `jpaged serve` open, the native
+# kernels' builds) beside it, not in the user's ~/.cache/jpaged: a run writes only its own folder.
+os.environ.setdefault("JPAGED_CACHE_DIR", os.path.join(os.environ["JPAGED_TEST_XLA_CACHE"], "jpaged"))
 # On a GPU the two workers share the device: each allocates what it uses, not 75% of it up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Engines that size their KV pool from free host memory take 256 MiB here, not the 4 GiB a user's

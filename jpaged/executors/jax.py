@@ -300,21 +300,22 @@ class JaxExecutor:
                                                                            plan.prompt_rows.num_top > 0)
         return logits, scores
 
-    def lower_model(self, plan: StepPlan, draft: bool = False) -> jax.stages.Lowered:
-        """The model step of `plan`'s ragged shape on the pool, traced and lowered but not run:
-        compiling it (on any thread) is compiling what `run_model` of that shape runs. `draft`:
-        the draft model's, on its pool."""
+    def prepare_model(self, plan: StepPlan, draft: bool = False) -> Callable[[], None]:
+        """Readies the model step of `plan`'s ragged shape without running it: its stored
+        executable is found, or the step traced and lowered, now; the returned call (on any
+        thread) loads or compiles the program `run_model` of that shape runs. `draft`: the draft
+        model's, on its pool."""
         runner, pool = (self.draft_runner, self.draft_pool) if draft else (self.runner, self.kv_pool)
-        return runner.lower(pool, plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
+        return runner.prepare(pool, plan.to_ragged(self.max_num_seqs, self.max_blocks_per_seq))
 
-    def lower_draft_loop(self, num_seqs: int) -> jax.stages.Lowered:
-        """The draft loop of `num_seqs` padded sequences (jpaged.executors.drafting), traced and
-        lowered on padding: compiling it is compiling what verify steps of that S run."""
+    def prepare_draft_loop(self, num_seqs: int) -> Callable[[], None]:
+        """`prepare_model` for the draft loop of `num_seqs` padded sequences
+        (jpaged.executors.drafting), on padding: the program verify steps of that S run."""
         k, size = self.num_speculative_tokens + 1, num_seqs
         steps = np.zeros((k, size), np.int32)
-        return self.draft_runner.lower_draft(self.draft_pool, np.zeros(size, np.int32), steps, steps,
-                                             np.ones((k, size), np.int32),
-                                             np.zeros((size, self.max_blocks_per_seq), np.int32), 0)
+        return self.draft_runner.prepare_draft(self.draft_pool, np.zeros(size, np.int32), steps, steps,
+                                               np.ones((k, size), np.int32),
+                                               np.zeros((size, self.max_blocks_per_seq), np.int32), 0)
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> sampling.SampleResult:
         """Samples `batch` from `logits` [S, vocab], at most S rows a call: the step's shape fixes the

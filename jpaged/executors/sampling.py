@@ -25,7 +25,6 @@ separates the sequences of one request (parallel sampling) and requests sharing 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -38,6 +37,7 @@ from jpaged.core.sequence import MAX_BANNED_IDS, MAX_LOGIT_BIAS_IDS, MAX_LOGPROB
 from jpaged.core.step_plan import SamplingBatch
 from jpaged.executors.draw import draw, row_keys
 from jpaged.executors.logits_controls import ControlWidths, DeviceControls, any_control, apply_controls, padded_controls
+from jpaged.models.executable_store import StoredJit
 from jpaged.models.logprobs import normaliser
 
 
@@ -169,8 +169,7 @@ def _top(logits, row_max, log_norm, rows: SamplerRows, ladder: tuple[int, ...]):
     return ids[rows.logits_rows], logprobs[rows.logits_rows]
 
 
-@functools.partial(jax.jit, static_argnames=("ladder",))
-def _sample(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
+def _sample_rows(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
     """Tokens i32[R], their raw log-probabilities f32[R] and the top candidates [R, K] of `rows`
     from logits [S, V]."""
     logits = logits.astype(jnp.float32)  # [S, V]
@@ -180,6 +179,10 @@ def _sample(logits, rows: SamplerRows, *, ladder: tuple[int, ...]):
     chosen = ((logits[r, tokens] - row_max[r, 0]) - log_norm[r, 0])
     return (tokens, chosen, *_top(logits, row_max, log_norm, rows, ladder))
 
+
+# One program per (S, ladder), shared by every executor of the process and kept in the executable
+# store (jpaged.models.executable_store): it closes over nothing but the code.
+_sample = StoredJit(_sample_rows, "sampler", static_argnames=("ladder",))
 
 # SamplingBatch's per-row arrays (split_rows slices them)
 _BATCH_ROW_FIELDS = ("logits_rows", "temperature", "top_k", "top_p", "seed", "stream", "position", "min_p")

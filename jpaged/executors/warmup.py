@@ -20,8 +20,11 @@ A new static variant of any stage is one more family in `grid`. `compile_grid` r
 once on padding (padded tokens write only to the reserved block 0; swaps move block 0), so the
 executor's `num_compilations` afterwards equals the grid's size and serving compiles nothing more;
 the compilations run on a thread per core. `enable_compilation_cache` keeps compiled programs on
-disk (`$JPAGED_CACHE_DIR/jax`, default ~/.cache/jpaged/jax): a restart, or a start on a copy of
-the folder at another path, then traces and loads them instead of compiling.
+disk twice over: JAX's cache (`$JPAGED_CACHE_DIR/jax`, default ~/.cache/jpaged/jax), keyed by the
+lowered program, which serves any program whose code is unchanged after a trace, and the
+executable store (`$JPAGED_CACHE_DIR/executables`, jpaged.models.executable_store), keyed by the
+program's identity, shapes and the code's fingerprint, from which a restart, or a start on a copy
+of the folder at another path, loads the model steps and the sampler without tracing them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Callable
 from typing import Protocol
 
 import jax
@@ -44,6 +48,7 @@ from jpaged.core import padding
 from jpaged.core.step_plan import ModelOutput, SamplingBatch, StepPlan
 from jpaged.executors import drafting
 from jpaged.executors.sampling import SampleResult, SamplerProgram
+from jpaged.models import executable_store
 
 
 log = logging.getLogger(__name__)
@@ -171,12 +176,12 @@ class CompilingExecutor(Protocol):
     def run_model(self, plan: StepPlan, draft: bool = False) -> jax.Array:
         """The model step of `plan` alone (`draft`: the draft model's): its logits [S, V]."""
 
-    def lower_model(self, plan: StepPlan, draft: bool = False) -> jax.stages.Lowered:
-        """The model step of `plan` traced and lowered (`draft`: the draft model's), to be
-        compiled (on any thread)."""
+    def prepare_model(self, plan: StepPlan, draft: bool = False) -> Callable[[], None]:
+        """Readies the model step of `plan` (`draft`: the draft model's): found in the executable
+        store, or traced and lowered, now; the returned call (on any thread) loads or compiles it."""
 
-    def lower_draft_loop(self, num_seqs: int) -> jax.stages.Lowered:
-        """The draft loop of `num_seqs` padded sequences, traced and lowered, to be compiled."""
+    def prepare_draft_loop(self, num_seqs: int) -> Callable[[], None]:
+        """`prepare_model` for the draft loop of `num_seqs` padded sequences."""
 
     def sample(self, logits: jax.Array, batch: SamplingBatch) -> SampleResult:
         """The sampler on `logits`."""
@@ -197,9 +202,10 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
 
     Compilations run on `workers` threads (default: one per CPU core): XLA releases the GIL while
     it compiles or loads a program from the disk cache, and tracing (Python) goes on meanwhile.
-    Model steps are traced and lowered here, one at a time, each compiled on the pool while the
-    next is lowered; then each step runs once (its executable is jit's now: nothing compiles) and
-    its logits feed the sampler of its S, whose programs trace and compile on the pool; block
+    Model steps are readied here, one at a time (found in the executable store, or traced and
+    lowered), each loaded or compiled on the pool while the next is readied; then each step runs
+    once (nothing compiles now) and its logits feed the sampler of its S, whose programs load or
+    trace and compile on the pool; block
     operations, which replace the pool, run here last. `stop` is checked between programs (a
     compilation itself cannot be interrupted): once set, the queued compilations are dropped, the
     running ones (at most `workers`) finished, and WarmUpStopped raised."""
@@ -236,15 +242,15 @@ def compile_grid(executor: CompilingExecutor, config: EngineConfig, *, progress:
 
     with ThreadPoolExecutor(workers, thread_name_prefix="jpaged-compile") as pool:
         try:
-            # Model steps are lowered here and compiled on the pool while the next one lowers.
+            # Model steps are readied here and loaded or compiled on the pool while the next one readies.
             compiling = []
             for step in steps:
                 check_stop()
-                compiling.append(submit(step, executor.lower_model(padding_plan(step), step.draft).compile))
-            looping = []  # draft loops: compiled, and jit keeps the executable for the first verify step
+                compiling.append(submit(step, executor.prepare_model(padding_plan(step), step.draft)))
+            looping = []  # draft loops, ready for the first verify step
             for loop in loops:
                 check_stop()
-                looping.append(submit(loop, executor.lower_draft_loop(loop.num_seqs).compile))
+                looping.append(submit(loop, executor.prepare_draft_loop(loop.num_seqs)))
             sampled: dict[int, Future] = {}  # S -> its sampler program, run on the logits of a step of S
             for future in looping:
                 check_stop()
@@ -292,12 +298,16 @@ def _describe(program: Program) -> str:
 
 def enable_compilation_cache() -> Path | None:
     """Points JAX's persistent compilation cache at `$JPAGED_CACHE_DIR/jax` (default
-    ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and returns that folder.
-    A cache folder JAX already has (JAX_COMPILATION_CACHE_DIR, jax.config) is kept, and None
-    returned. Call it before anything compiles: JAX decides at its first compilation whether a
+    ~/.cache/jpaged/jax; JPAGED_CACHE_DIR set but empty: no disk cache) and opens the executable
+    store at `$JPAGED_CACHE_DIR/executables`; returns JAX's folder. A cache folder JAX already
+    has (JAX_COMPILATION_CACHE_DIR, jax.config) is kept, and None returned (the store still
+    opens). Call it before anything compiles: JAX decides at its first compilation whether a
     cache is used. No key holds the folder's path: a moved or copied folder still hits."""
     root = os.environ.get("JPAGED_CACHE_DIR", DEFAULT_CACHE_DIR)
-    if not root or jax.config.jax_compilation_cache_dir:
+    if not root:
+        return None
+    executable_store.enable(Path(root).expanduser() / "executables")
+    if jax.config.jax_compilation_cache_dir:
         return None
     path = Path(root).expanduser() / "jax"
     path.mkdir(parents=True, exist_ok=True)

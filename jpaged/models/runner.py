@@ -16,9 +16,10 @@ pool (tests/models/test_runner_in_place.py). The LM head runs at the S rows `log
 names; a step asked for prompt scores also runs it at every token row, inside the same program
 behind a `lax.cond` (`step_with_prompt_scores`), so prompt log-probabilities need no program of
 their own. Each distinct padded shape compiles once (the executor brings every plan of T tokens
-to one shape, `StepPlan.to_ragged`); `num_compilations` counts traces so the engine can show that
-steady-state serving does not recompile. `draft` runs several greedy decode steps of the model in
-one program (a `fori_loop` over the same layers, the pool as its carry): a draft model's drafts
+to one shape, `StepPlan.to_ragged`), ahead of time, and is kept in the executable store when one
+is open (jpaged.models.executable_store: a restart loads it without tracing); `num_compilations`
+counts the programs so the engine can show that steady-state serving does not recompile. `draft`
+runs several greedy decode steps of the model in one program (a `fori_loop` over the same layers, the pool as its carry): a draft model's drafts
 for a verify step (jpaged.executors.drafting).
 """
 
@@ -38,6 +39,7 @@ from jpaged.core.step_plan import StepPlan
 from jpaged.core import padding
 from jpaged.core.sequence import MAX_LOGPROBS
 from jpaged.models import decoder, layers, logprobs, packed, parallel
+from jpaged.models.executable_store import StoredJit
 from jpaged.models.kv_pool import KVPool
 from pallas_kernels import cache_ops, paged_prefill
 from pallas_kernels.backends import resolve_backend
@@ -103,7 +105,6 @@ class ModelRunner:
         if native_dense:
             self._graphdefs = packed.graphdefs(spec, decoder.params_dtype(params))
             self.params = packed.pack_dense(spec, self.params)
-        self.num_compilations = 0
         scale = layers.softmax_scale(spec)
         interpret = jax.default_backend() != "gpu" if interpret is None else interpret
         attn = functools.partial(paged_prefill.select_impl(self.backend, interpret=interpret), scale=scale)
@@ -115,10 +116,20 @@ class ModelRunner:
             pools = parallel.pool_sharding(mesh)
             jit_kwargs["out_shardings"] = (parallel.replicated(mesh), parallel.replicated(mesh), (pools, pools))
             attend = parallel.per_head_shards(mesh, attend, num_replicated=5)
-        self._step_fn = jax.jit(functools.partial(self._step, attend), **jit_kwargs)
+        # Everything the traced step closes over besides its arguments: with the arguments' shapes
+        # and the code, what names its stored executable (jpaged.models.executable_store).
+        identity = (f"{spec!r} backend={self.backend} interpret={interpret} per_layer={per_layer_weights} "
+                    f"native_dense={native_dense} num_top={self.num_top}")
+        self._step_fn = StoredJit(functools.partial(self._step, attend), f"model step {identity}", **jit_kwargs)
         if mesh is not None:
             jit_kwargs["out_shardings"] = (parallel.replicated(mesh), (pools, pools))
-        self._draft_fn = jax.jit(functools.partial(self._draft_loop, attend), **jit_kwargs)
+        self._draft_fn = StoredJit(functools.partial(self._draft_loop, attend), f"draft loop {identity}", **jit_kwargs)
+
+    @property
+    def num_compilations(self) -> int:
+        """Distinct programs this runner has compiled or loaded: one per padded shape of the step
+        and of the draft loop."""
+        return len(self._step_fn.programs) + len(self._draft_fn.programs)
 
     def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
@@ -154,21 +165,22 @@ class ModelRunner:
 
     def lower(self, kv_pool: KVPool, plan: StepPlan) -> jax.stages.Lowered:
         """The step of `plan`'s shape over `kv_pool`, traced and lowered, not compiled and not run
-        (counted in `num_compilations`). Its `compile()` is the program a later `step` of that
-        shape runs: jit keeps both, so that call neither traces nor compiles."""
+        (for inspection: not a program of `step`'s)."""
         args, arrays = self._arguments(kv_pool, plan, None, False)
-        return self._step_fn.lower(*args, **arrays)
+        return self._step_fn.jitted.lower(*args, **arrays)
+
+    def prepare(self, kv_pool: KVPool, plan: StepPlan) -> Callable[[], None]:
+        """Readies the step of `plan`'s shape: loads its stored executable, or traces and lowers it
+        now; the returned call (on any thread) loads or compiles it for later `step`s
+        (`StoredJit.prepare`)."""
+        args, arrays = self._arguments(kv_pool, plan, None, False)
+        return self._step_fn.prepare(*args, **arrays)
 
     def memory_analysis(self, kv_pool: KVPool, plan: StepPlan) -> Any:
         """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
         run (None where the backend has none): its temporaries are the step's activation peak
         (jpaged.executors.kv_sizing)."""
-        traced = self.num_compilations
-        try:
-            return self.lower(kv_pool, plan).compile().memory_analysis()
-        finally:
-            # A profile over a pool of another size: no program the engine runs.
-            self.num_compilations = traced
+        return self.lower(kv_pool, plan).compile().memory_analysis()
 
     def _checked(self, kv_pool: KVPool, plan: StepPlan) -> dict[str, np.ndarray]:
         spec = self.spec
@@ -196,8 +208,6 @@ class ModelRunner:
               want_prompt: jax.Array, want_top: jax.Array, token_ids: jax.Array, positions: jax.Array,
               slot_mapping: jax.Array, block_tables: jax.Array, context_lens: jax.Array,
               query_start_loc: jax.Array, logits_indices: jax.Array):
-        # Runs only while tracing: counts compilations, one per distinct padded shape.
-        self.num_compilations += 1
         model, head, h, kv_pool = self._forward(write_and_attend, params, kv_pool, token_ids, positions,
                                                 slot_mapping, block_tables, context_lens, query_start_loc)
         # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
@@ -221,10 +231,9 @@ class ModelRunner:
         return self._draft_fn(*self._draft_arguments(kv_pool, first_tokens, positions, slot_mapping, context_lens,
                                                      block_tables, num_steps))
 
-    def lower_draft(self, *args) -> jax.stages.Lowered:
-        """`draft` of these arguments' shapes, traced and lowered, not run (counted in
-        `num_compilations`): its `compile()` is the program a later `draft` of that shape runs."""
-        return self._draft_fn.lower(*self._draft_arguments(*args))
+    def prepare_draft(self, *args) -> Callable[[], None]:
+        """`prepare` for `draft` of these arguments' shapes."""
+        return self._draft_fn.prepare(*self._draft_arguments(*args))
 
     def _draft_arguments(self, kv_pool: KVPool, first_tokens: np.ndarray, positions: np.ndarray,
                          slot_mapping: np.ndarray, context_lens: np.ndarray, block_tables: np.ndarray,
@@ -239,8 +248,6 @@ class ModelRunner:
     def _draft_loop(self, write_and_attend: Callable, params: decoder.Params, kv_pool: KVPool, num_steps: jax.Array,
                     first_tokens: jax.Array, positions: jax.Array, slot_mapping: jax.Array, context_lens: jax.Array,
                     block_tables: jax.Array):
-        # Runs only while tracing: one program per shape, counted with the steps.
-        self.num_compilations += 1
         num_seqs = first_tokens.shape[0]
         # Step j computes one token per sequence: token row s is sequence s's query range.
         query_start_loc = jnp.arange(num_seqs + 1, dtype=jnp.int32)

@@ -178,6 +178,7 @@ def test_grid_is_one_model_step_per_token_bucket(block_size):
 _CACHE_SCRIPT = """
 import json, jax
 from jpaged.executors import sampling, warmup
+from jpaged.models import executable_store
 path = warmup.enable_compilation_cache()
 hits, writes = [], []
 jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
@@ -188,8 +189,10 @@ from jpaged.entrypoints.engine_args import load_engine
 engine, _ = load_engine("tiny-llama", max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, block_size=8,
                         num_blocks=20, attention_backend="xla")
 report = warmup.compile_grid(engine.executor, engine.config, progress=False)
-print(json.dumps({"path": str(path), "hits": len(hits), "writes": len(writes),
-                  "model_steps": len(warmup.model_steps(engine.config))}))
+store = executable_store.current()
+stored = [p for p in warmup.grid(engine.config) if not isinstance(p, warmup.BlockOp)]
+print(json.dumps({"path": str(path), "hits": len(hits), "writes": len(writes), "stored_programs": len(stored),
+                  "loaded": store.loaded, "saved": store.saved, "num_compilations": report["num_compilations"]}))
 """
 
 
@@ -203,22 +206,26 @@ def _start(cache: Path) -> dict:
 
 
 def test_restart_and_a_moved_cache_load_the_grid_from_the_disk_cache(tmp_path):
-    """$JPAGED_CACHE_DIR/jax holds the compiled grid: a second process loads every entry from it;
-    so does one started on a copy of the folder at another path (no key holds the folder's path)."""
+    """$JPAGED_CACHE_DIR holds the compiled grid: a second process loads its model steps and
+    sampler programs from the executable store (no tracing) and compiles nothing; so does one
+    started on a copy of the folder at another path (no key holds the folder's path)."""
     first = tmp_path / "first"
     runs = [_start(first), _start(first)]
-    assert runs[0]["path"] == str(first / "jax") and runs[0]["writes"] >= runs[0]["model_steps"]
-    # Every entry the first run wrote is loaded by the restart. (A program whose first compile took
-    # less than MIN_CACHED_COMPILE_S was not written; compiled again under load it may take longer
-    # and be written then: the restart's writes are those, never an entry that was there.)
-    assert runs[0]["hits"] == 0 and runs[1]["hits"] >= max(runs[0]["writes"], runs[1]["model_steps"])
-    entries = {p.name for p in (first / "jax").iterdir()}
+    assert runs[0]["path"] == str(first / "jax")
+    # The first start compiles every program (XLA's cache gets them too) and stores the model
+    # steps and sampler programs; the restart loads each of those and compiles nothing new.
+    assert runs[0]["hits"] == 0 and runs[0]["loaded"] == 0 and runs[0]["saved"] == runs[0]["stored_programs"]
+    # (XLA's cache may still take a block operation's program: one that compiled faster than
+    # MIN_CACHED_COMPILE_S was not written at first, and under load it may compile slower.)
+    assert runs[1]["loaded"] == runs[0]["saved"] and runs[1]["saved"] == 0
+    assert runs[0]["num_compilations"] == runs[1]["num_compilations"]
+    entries = {p.relative_to(first) for p in first.rglob("*.bin")}
     moved = tmp_path / "elsewhere" / "moved"
     shutil.copytree(first, moved)
     shutil.rmtree(first)
     run = _start(moved)
-    assert run["hits"] >= runs[0]["writes"] + runs[1]["writes"]  # every entry hits at the new path
-    assert entries <= {p.name for p in (moved / "jax").iterdir()}
+    assert run["loaded"] == runs[0]["saved"] and run["saved"] == 0
+    assert entries == {p.relative_to(moved) for p in moved.rglob("*.bin")}
 
 
 def test_a_cache_jax_already_has_is_kept():
@@ -262,14 +269,14 @@ def test_more_sample_rows_than_the_steps_sequences_are_sampled_in_slices_alike()
 def test_compile_grid_stops_between_programs_when_told(monkeypatch):
     engine, _ = load_engine("tiny-llama", **SMALL)
     stop = threading.Event()
-    lower_model = engine.executor.lower_model
+    prepare_model = engine.executor.prepare_model
 
-    def lower_then_stop(plan, draft=False):  # the first program is lowered (and compiles), then a shutdown asks to stop
-        lowered = lower_model(plan, draft)
+    def prepare_then_stop(plan, draft=False):  # the first program is readied (and compiles), then a shutdown asks to stop
+        ready = prepare_model(plan, draft)
         stop.set()
-        return lowered
+        return ready
 
-    monkeypatch.setattr(engine.executor, "lower_model", lower_then_stop)
+    monkeypatch.setattr(engine.executor, "prepare_model", prepare_then_stop)
     with pytest.raises(warmup.WarmUpStopped, match=rf"after 1 of {len(warmup.grid(engine.config))}"):
         warmup.compile_grid(engine.executor, engine.config, progress=False, stop=stop)
     assert engine.executor.num_compilations == 1 and not engine.executor.warmed_up

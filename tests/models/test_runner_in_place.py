@@ -70,7 +70,7 @@ def test_pallas_step_for_cuda_never_slices_a_layer(kind):
     plan = plans[kind]
     no_scores = (np.zeros(len(plan.token_ids), np.int32), np.bool_(False), np.bool_(False))  # prompt scores off
     with abstract_gpu(A100):  # newer jax lowers Triton kernels only for a named (abstract) GPU
-        traced = runner._step_fn.trace(runner.params, pool, *no_scores, **plan.device_arrays())
+        traced = runner._step_fn.jitted.trace(runner.params, pool, *no_scores, **plan.device_arrays())
         text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text
     layer = "tensor<{}xf32>".format("x".join(map(str, shape[1:])))
