@@ -8,7 +8,10 @@ of compiling them.
 """
 
 import os
+import sys
 import tempfile
+
+import pytest
 
 # Set through the environment, which jax reads when it is first imported: the pure-Python tests
 # (tests/core) never import jax, and the test subprocesses share the cache. CI sets
@@ -31,3 +34,14 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("JPAGED_CPU_KV_CACHE_BYTES", str(256 * 2**20))
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _close_the_executable_store():
+    """LLM(...) and an in-process server open the process-wide executable store
+    (jpaged.models.executable_store); it closes after the test, so the next test's engines
+    compile as if alone rather than load what another test stored."""
+    yield
+    store = sys.modules.get("jpaged.models.executable_store")  # (never imported here: it imports jax)
+    if store is not None:
+        store.enable(None)

@@ -19,8 +19,8 @@ their own. Each distinct padded shape compiles once (the executor brings every p
 to one shape, `StepPlan.to_ragged`), ahead of time, and is kept in the executable store when one
 is open (jpaged.models.executable_store: a restart loads it without tracing); `num_compilations`
 counts the programs so the engine can show that steady-state serving does not recompile. `draft`
-runs several greedy decode steps of the model in one program (a `fori_loop` over the same layers, the pool as its carry): a draft model's drafts
-for a verify step (jpaged.executors.drafting).
+runs several greedy decode steps of the model in one program (a `fori_loop` over the same layers,
+the pool as its carry): a draft model's drafts for a verify step (jpaged.executors.drafting).
 """
 
 from __future__ import annotations

@@ -200,6 +200,7 @@ def _start(cache: Path) -> dict:
     """A fresh process compiling the small grid with JPAGED_CACHE_DIR=`cache`: its cache events."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (the test session's own cache: conftest.py)
+    env.pop("XLA_FLAGS", None)  # one device, whatever another test of this worker put there (stored programs)
     env.update(JPAGED_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu")
     return json.loads(subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], cwd=REPO, env=env, check=True,
                                      capture_output=True, text=True).stdout.splitlines()[-1])
