@@ -37,13 +37,14 @@ _GRID_LINE = re.compile(r"compiled (\d+) programs in ([\d.]+) s \(([\d.]+) s CPU
 
 def start(flags: list[str], cache: Path) -> dict:
     """One server start with JPAGED_CACHE_DIR=`cache`: ready seconds, CPU seconds, the grid's log."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}  # (no cache folder of JAX's own)
-    env["JPAGED_CACHE_DIR"] = str(cache)
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        raise SystemExit("unset JAX_COMPILATION_CACHE_DIR: the server would keep JAX's cache there")
     port = free_port()
     load_before = os.getloadavg()
     began = time.perf_counter()
     server = ServerProcess("jpaged-startup", ["python", "-m", "jpaged.entrypoints.cli", "serve", "--model", MODEL,
-                                              "--port", str(port), *flags], port)
+                                              "--port", str(port), *flags], port,
+                           env={"JPAGED_CACHE_DIR": str(cache)})
     ready = time.perf_counter() - began
     cpu = server.cpu_seconds()
     server.stop()
