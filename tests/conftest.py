@@ -37,11 +37,14 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 @pytest.fixture(autouse=True)
-def _close_the_executable_store():
-    """LLM(...) and an in-process server open the process-wide executable store
-    (jpaged.models.executable_store); it closes after the test, so the next test's engines
-    compile as if alone rather than load what another test stored."""
+def _executable_store():
+    """Every test that runs jax runs with the session's executable store open
+    (jpaged.models.executable_store, under JPAGED_CACHE_DIR, shared by the workers), as a served
+    engine does: an engine of a config another test built loads its programs instead of tracing
+    them. (Tests that never imported jax leave it alone: it would import jax.)"""
+    if "jax" in sys.modules:
+        from jpaged.models import executable_store
+
+        if executable_store.current() is None:
+            executable_store.enable(os.path.join(os.environ["JPAGED_CACHE_DIR"], "executables"))
     yield
-    store = sys.modules.get("jpaged.models.executable_store")  # (never imported here: it imports jax)
-    if store is not None:
-        store.enable(None)

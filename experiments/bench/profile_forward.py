@@ -115,7 +115,7 @@ def _greedy_batch(rows: int) -> SamplingBatch:
 
 def profile_case(runner: ModelRunner, pool, plan: StepPlan, num_seqs: int, steps: int) -> tuple[dict, object]:
     """Times and traces `steps` steps (+ greedy sampling) of one shape; returns (case result, pool)."""
-    step = runner.decode if plan.max_query_len == 1 else runner.prefill
+    step = runner.step
     batch = _greedy_batch(num_seqs)
 
     def one_step(pool):
@@ -130,8 +130,7 @@ def profile_case(runner: ModelRunner, pool, plan: StepPlan, num_seqs: int, steps
         if i > steps:
             wall.append(time.perf_counter() - start_wall)
             cpu.append(time.process_time() - start_cpu)
-    fn = runner._decode if step == runner.decode else runner._prefill
-    parts = {"jit__step": op_parts(fn.lower(runner.params, pool, **plan.device_arrays()).compile().as_text())}
+    parts = {f"jit_{runner.step_name}": op_parts(runner.lower(pool, plan).compile().as_text())}
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
             for _ in range(steps):

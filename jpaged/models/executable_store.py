@@ -223,12 +223,17 @@ class StoredJit:
         self._lock = threading.Lock()
 
     @property
+    def name(self) -> str:
+        """The jitted function's name, after the code's fingerprint; its programs' HLO modules are
+        "jit_" + name."""
+        return f"{getattr(self.fun, '__name__', 'program').strip('_')}_{fingerprint()[:8]}"
+
+    @property
     def jitted(self) -> Any:
         """The jitted function (built at first use: the fingerprint needs jax's devices)."""
         with self._lock:
             if self._jitted is None:
-                name = f"{getattr(self.fun, '__name__', 'program').strip('_')}_{fingerprint()[:8]}"
-                self._jitted = jax.jit(_named(self.fun, name), static_argnames=self.static_argnames,
+                self._jitted = jax.jit(_named(self.fun, self.name), static_argnames=self.static_argnames,
                                        **self.jit_kwargs)
             return self._jitted
 

@@ -131,6 +131,11 @@ class ModelRunner:
         and of the draft loop."""
         return len(self._step_fn.programs) + len(self._draft_fn.programs)
 
+    @property
+    def step_name(self) -> str:
+        """The jitted step's name: its programs' HLO modules (and profiles) name "jit_" + this."""
+        return self._step_fn.name
+
     def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
         pool passed in is donated: use only the returned one."""

@@ -29,7 +29,7 @@ from jpaged.core.sequence import SamplingParams, active_controls
 from jpaged.core.step_plan import SamplingBatch, StepPlan
 from jpaged.entrypoints.engine_args import engine_config, load_engine
 from jpaged.executors import sampling, warmup
-from jpaged.models import decoder
+from jpaged.models import decoder, executable_store
 from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,8 +139,9 @@ def test_grid_covers_a_draft_models_programs(tmp_path):
     assert compiles == []
 
 
-def test_unwarmed_engine_counts_sampler_and_block_programs():
+def test_unwarmed_engine_counts_sampler_and_block_programs(monkeypatch):
     """Without the warm-up the same load compiles, and the count includes the sampler's programs."""
+    monkeypatch.setattr(executable_store, "_store", None)  # compiled here, not loaded from another test's
     engine, _ = load_engine("tiny-llama", **SMALL)
     prompts, params = _mixed_requests(random.Random(0), 6)
     with backend_compiles() as compiles:
