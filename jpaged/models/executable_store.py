@@ -105,15 +105,27 @@ class ExecutableStore:
     """Serialized executables in `folder/<fingerprint>/`, by key (see the module docstring)."""
 
     def __init__(self, folder: str | Path):
-        """Opens (creates) the store; folders of other fingerprints unused for STALE_AFTER_S go."""
+        """A store under `folder`. Nothing touches jax or the disk until its first use: a
+        multi-process run must call jax.distributed.initialize before any backend exists."""
         self.root = Path(folder)
-        self.folder = self.root / fingerprint()
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.loaded = self.saved = 0  # entries this process read back and wrote
-        os.utime(self.folder)  # marks this fingerprint as in use
-        for other in self.root.iterdir():
-            if other != self.folder and other.is_dir() and time.time() - other.stat().st_mtime > STALE_AFTER_S:
-                shutil.rmtree(other, ignore_errors=True)
+        self._folder: Path | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def folder(self) -> Path:
+        """This code's fingerprint folder, created at first use; other fingerprints' folders unused
+        for STALE_AFTER_S are removed then."""
+        with self._lock:
+            if self._folder is None:
+                folder = self.root / fingerprint()
+                folder.mkdir(parents=True, exist_ok=True)
+                os.utime(folder)  # marks this fingerprint as in use
+                for other in self.root.iterdir():
+                    if other != folder and other.is_dir() and time.time() - other.stat().st_mtime > STALE_AFTER_S:
+                        shutil.rmtree(other, ignore_errors=True)
+                self._folder = folder
+            return self._folder
 
     def path(self, key: str) -> Path:
         """Where the entry `key` lives."""

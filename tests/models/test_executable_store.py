@@ -99,6 +99,7 @@ def test_a_corrupt_entry_is_dropped_and_its_program_compiled_again(store, caplog
 def test_a_new_fingerprint_misses_and_stale_fingerprints_are_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(executable_store, "_store", None)
     old = executable_store.enable(tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing on disk before its first use
     counted([], "fingerprint")(jnp.zeros(4), np.ones(3, np.float32), scale=1.0)
     week_ago = time.time() - executable_store.STALE_AFTER_S - 60
     os.utime(old.folder, (week_ago, week_ago))
