@@ -108,7 +108,8 @@ def test_malformed_specs_are_value_errors_naming_the_field(llm, spec, field):
     with pytest.raises(ValueError, match=f"^{re.escape(field)}: "):
         llm.generate([PROMPT, PROMPT], [good, SamplingParams(max_tokens=4, structured_outputs=spec)], use_tqdm=False)
     assert free_blocks(llm)  # nothing of the refused batch was queued
-    assert llm.generate(PROMPT, good, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+    still = SamplingParams(max_tokens=4, ignore_eos=True)  # (a sampled end of text would read "stop")
+    assert llm.generate(PROMPT, still, use_tqdm=False)[0].outputs[0].finish_reason == "length"
 
 
 def test_compiled_grammars_are_reused(llm):

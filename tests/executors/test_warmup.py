@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.bench import startup
 from jpaged.config.presets import get_preset
 from jpaged.core import padding
 from jpaged.core.constraints import bitmask_words
@@ -83,12 +85,15 @@ def _mixed_requests(rng: random.Random, count: int, prompt_logprobs: bool = Fals
     return prompts, params
 
 
-def test_grid_covers_mixed_load_without_compiling():
+def test_grid_covers_mixed_load_without_compiling(caplog):
     engine, _ = load_engine("tiny-llama", **SMALL)
     programs = warmup.grid(engine.config)
-    report = warmup.compile_grid(engine.executor, engine.config, progress=False)
+    with caplog.at_level(logging.INFO, logger="jpaged.executors.warmup"):
+        report = warmup.compile_grid(engine.executor, engine.config, progress=False)
     # Every program of the grid counted once: the executor's keys are the grid's.
     assert report["num_compilations"] == report["num_programs"] == len(programs)
+    # The log line the start-up benchmark reads the program count from (experiments.bench.startup)
+    assert int(startup._GRID_LINE.search(caplog.text)[1]) == len(programs)
     # One sampler program per step row count, whatever the requests ask.
     seq_sizes = {p.num_seqs for p in programs if isinstance(p, warmup.ModelStep)}
     assert sorted(p.num_rows for p in programs if isinstance(p, sampling.SamplerProgram)) == sorted(seq_sizes)
