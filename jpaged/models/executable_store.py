@@ -133,7 +133,7 @@ class ExecutableStore:
 
     def load(self, key: str, args: tuple, kwargs: dict) -> jax.stages.Compiled | None:
         """The stored executable `key` for arguments shaped like (`args`, `kwargs`), or None when
-        there is none or it does not load (it is then compiled again and replaced)."""
+        there is none or it does not load (the entry is then dropped and the program compiled again)."""
         path = self.path(key)
         try:
             payload, out_tree = pickle.loads(path.read_bytes())
@@ -156,9 +156,13 @@ class ExecutableStore:
         except (ValueError, NotImplementedError) as error:
             log.debug("not storing %s: %s", key, error)
             return
-        with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as handle:
-            handle.write(pickle.dumps((payload, out_tree)))
-        os.replace(handle.name, self.path(key))
+        try:
+            with tempfile.NamedTemporaryFile(dir=self.folder, suffix=".tmp", delete=False) as handle:
+                handle.write(pickle.dumps((payload, out_tree)))
+            os.replace(handle.name, self.path(key))
+        except OSError as error:  # a full disk, a folder removed meanwhile: the program still runs
+            log.warning("could not store executable %s: %s", key, error)
+            return
         self.saved += 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 
 import jax.numpy as jnp
@@ -125,3 +126,11 @@ def test_the_fingerprint_covers_the_code():
     """Any source file of the packages changes the fingerprint's digest (read from disk each time)."""
     digest = executable_store._source_digest()
     assert digest == executable_store._source_digest() and len(executable_store.fingerprint()) == 24
+
+
+def test_a_store_that_cannot_write_still_runs_the_program(store, caplog):
+    shutil.rmtree(store.folder)  # e.g. removed by another process's clean-up, or a full disk
+    with caplog.at_level(logging.WARNING):
+        out = counted([], "unwritable")(jnp.zeros(4), np.ones(3, np.float32), scale=1.0)
+    np.testing.assert_array_equal(out[0], np.full(4, 3.0, np.float32))
+    assert store.saved == 0 and "could not store" in caplog.text
