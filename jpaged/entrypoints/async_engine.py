@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jpaged.core.outputs import RequestOutput
@@ -129,6 +129,10 @@ class RequestStream:
         if not self.finished:
             self.finished = True
             self._engine._close(self.request_id, finished=False)
+
+
+class _LoopClosed(Exception):
+    """The event loop the engine reports to is closed: nobody can read an output any more."""
 
 
 class AsyncLLMEngine:
@@ -272,7 +276,9 @@ class AsyncLLMEngine:
                     continue
                 outputs = requests.step()
                 if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+                    self._post(self._deliver, outputs)
+        except _LoopClosed:  # its owner closed the event loop without `shutdown`: end quietly
+            pass
         except BaseException as exc:  # the engine is broken: every request learns why
             log.exception("the engine's step loop failed")
             self.error = self.error or exc  # (after `fail`, its error: the cause, not the symptom)
@@ -292,11 +298,20 @@ class AsyncLLMEngine:
                 self._requests.add(command.request)
             except Exception as exc:  # the request's own problem (ValueError / TypeError naming the field)
                 error = exc
-            self._loop.call_soon_threadsafe(_resolve, command.done, error)
+            self._post(_resolve, command.done, error)
             return
         _, request_id = command
         # Its final output (finish reason "abort") comes with the next step; finished already: nothing to stop.
         self._requests.abort(request_id)
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        """Runs `callback(*args)` on the event loop; raises _LoopClosed when that loop is closed."""
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError as exc:
+            if self._loop.is_closed():
+                raise _LoopClosed from exc
+            raise
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """On the event loop: each output to its request's collector."""

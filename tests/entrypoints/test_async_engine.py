@@ -133,6 +133,29 @@ def test_after_shutdown_requests_fail(llm):
     assert serve(llm, body)
 
 
+def test_an_event_loop_closed_without_shutdown_ends_the_step_loop_quietly(llm, caplog):
+    """The loop's owner went away mid-request: the step thread stops, logs no failure, and the
+    engine is left for the next owner (its blocks free once the next engine aborts the request)."""
+    engine = AsyncLLMEngine(llm.engine, llm.get_tokenizer())
+
+    async def start_one():
+        stream = await engine.add_request("orphan", PROMPTS[0], SamplingParams(max_tokens=400, ignore_eos=True,
+                                                                               output_kind="delta"))
+        await stream.__anext__()  # the first token: 399 steps to go, each posting its output
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(start_one())
+    loop.close()
+    engine._thread.join(timeout=30)
+    assert not engine._thread.is_alive()
+    assert "step loop failed" not in caplog.text
+    assert engine.is_dead
+    llm.engine.abort("orphan")
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    assert all_free(llm)
+
+
 def test_stream_interval_sends_the_first_token_then_every_n_steps(llm):
     async def body(engine):
         return [out async for out in engine.generate(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True,

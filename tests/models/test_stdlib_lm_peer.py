@@ -53,8 +53,10 @@ def test_prompt_logprobs_equal_transformers(peer):
     """LLM.generate's prompt log-probabilities, in chunks of 8 tokens, equal transformers' log-softmax."""
     from jpaged import LLM, SamplingParams
 
-    llm = LLM(str(ASSET), num_blocks=64, block_size=16, max_num_seqs=4, attention_backend="xla",
-              long_prefill_token_threshold=8)
+    # The pool and limits of the other asset-model tests (their programs are compiled already), and
+    # no warm-up grid: only the programs this run takes.
+    llm = LLM(str(ASSET), num_blocks=128, block_size=16, max_num_seqs=16, attention_backend="xla",
+              long_prefill_token_threshold=8, warmup=False)
     texts = [SNIPPET, "日本語 🙂 def f(x):\n    return x"]
     outs = llm.generate(texts, SamplingParams(max_tokens=1, prompt_logprobs=5), use_tqdm=False)
     for out in outs:
