@@ -39,7 +39,7 @@ from jpaged.core.step_plan import StepPlan
 from jpaged.core import padding
 from jpaged.core.sequence import MAX_LOGPROBS
 from jpaged.models import decoder, layers, logprobs, packed, parallel
-from jpaged.models.executable_store import StoredJit
+from jpaged.models.executable_store import StoredJit, compiler_options
 from jpaged.models.kv_pool import KVPool
 from pallas_kernels import cache_ops, paged_prefill
 from pallas_kernels.backends import resolve_backend
@@ -185,7 +185,7 @@ class ModelRunner:
         """XLA's memory analysis of the compiled step of `plan`'s shape over `kv_pool`, which does not
         run (None where the backend has none): its temporaries are the step's activation peak
         (jpaged.executors.kv_sizing)."""
-        return self.lower(kv_pool, plan).compile().memory_analysis()
+        return self.lower(kv_pool, plan).compile(compiler_options=compiler_options()).memory_analysis()
 
     def _checked(self, kv_pool: KVPool, plan: StepPlan) -> dict[str, np.ndarray]:
         spec = self.spec

@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -134,3 +135,15 @@ def test_a_store_that_cannot_write_still_runs_the_program(store, caplog):
         out = counted([], "unwritable")(jnp.zeros(4), np.ones(3, np.float32), scale=1.0)
     np.testing.assert_array_equal(out[0], np.full(4, 3.0, np.float32))
     assert store.saved == 0 and "could not store" in caplog.text
+
+
+def test_programs_compile_at_llvms_default_level_on_cpu_unless_xla_flags_set_one(monkeypatch):
+    """Level 2, not XLA's 3: the same bits, compiled faster (docs/notes/compile-grid.md); a level the
+    user set in XLA_FLAGS is theirs."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert executable_store.compiler_options() == {"xla_backend_optimization_level": 2}
+    step = StoredJit(lambda x: jnp.tanh(x @ x.T).sum(-1), "tanh")
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(step(x)), np.asarray(jax.jit(lambda x: jnp.tanh(x @ x.T).sum(-1))(x)))
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
+    assert executable_store.compiler_options() is None
