@@ -11,7 +11,12 @@ from jpaged.engine import LLMEngine
 from jpaged.executors.jax import JaxExecutor
 
 
-def engine(model="tiny-llama", *, block_size=16, num_blocks=14, num_host_blocks=0, mode="recompute",
+# Two pool sizes (a small one that preempts, a roomy one that never does) for most engines here:
+# each pool shape is its own set of compiled programs.
+SMALL, ROOMY = 14, 128
+
+
+def engine(model="tiny-llama", *, block_size=16, num_blocks=SMALL, num_host_blocks=0, mode="recompute",
            policy="chunked", max_num_seqs=16, max_num_batched_tokens=512, watermark=0.0, prefix_caching=False):
     config = EngineConfig(
         model=ModelConfig(name=model, attention_backend="xla"),
@@ -51,7 +56,7 @@ def test_recomputed_forked_group_keeps_sharing_its_prompt(policy):
     got = serve(small, REPRO_1)
     assert small.kv_stats()["num_preemptions"] > 0
     assert got["b"].error is None and [len(t) for t in got["b"].output_token_ids] == [20, 20, 20]
-    roomy = serve(engine(num_blocks=64, policy=policy), REPRO_1)
+    roomy = serve(engine(num_blocks=ROOMY, policy=policy), REPRO_1)
     assert {k: o.output_token_ids for k, o in got.items()} == {k: o.output_token_ids for k, o in roomy.items()}
 
 
@@ -65,7 +70,7 @@ def test_recomputed_beam_group_stays_aligned_and_exact(policy, budget):
     small = engine(policy=policy, max_num_batched_tokens=budget)
     got = serve(small, requests)
     assert small.kv_stats()["num_preemptions"] > 0
-    roomy = serve(engine(num_blocks=64, policy=policy, max_num_batched_tokens=budget), requests)
+    roomy = serve(engine(num_blocks=ROOMY, policy=policy, max_num_batched_tokens=budget), requests)
     assert got["b"].output_token_ids == roomy["b"].output_token_ids
     assert got["a"].output_token_ids == roomy["a"].output_token_ids
 
@@ -97,7 +102,7 @@ def test_a_group_outgrowing_the_pool_ends_with_an_error_and_the_rest_is_served(p
     """A group whose sequences outgrow the whole pool is aborted with an error (in swap mode it used
     to be swapped out and never come back, freezing the engine); the others finish exactly."""
     requests = [("big", list(range(1, 12)), params), OTHER]
-    got = serve(engine(num_blocks=9, num_host_blocks=32 if mode == "swap" else 0, mode=mode), requests)
+    got = serve(engine(num_host_blocks=32 if mode == "swap" else 0, mode=mode), requests)
     assert "outgrew the whole KV pool" in got["big"].error
     assert got["big"].finished and got["ok"].error is None
     assert got["ok"].output_token_ids == _served_alone()
@@ -109,7 +114,7 @@ OTHER = ("ok", list(range(5, 25)), SamplingParams(max_tokens=10))
 @functools.cache
 def _served_alone() -> list[list[int]]:
     """OTHER's tokens served alone (computed once for every case)."""
-    return serve(engine(num_blocks=9), [OTHER])["ok"].output_token_ids
+    return serve(engine(), [OTHER])["ok"].output_token_ids
 
 
 SEEDED = [("g", list(range(3, 20)), SamplingParams(max_tokens=14)),
@@ -120,24 +125,27 @@ SEEDED = [("g", list(range(3, 20)), SamplingParams(max_tokens=14)),
 
 
 @pytest.mark.parametrize("setting", [
-    dict(num_blocks=12, mode="recompute"),
-    dict(num_blocks=12, num_host_blocks=40, mode="swap"),
+    dict(mode="recompute"),
+    dict(num_host_blocks=40, mode="swap"),
     dict(block_size=8, num_blocks=24, mode="recompute"),
-    pytest.param(dict(policy="paper", num_blocks=12, num_host_blocks=40, mode="swap"), marks=pytest.mark.slow),
-    dict(max_num_batched_tokens=16, num_blocks=80),
-    pytest.param(dict(max_num_seqs=3, max_num_batched_tokens=40, num_blocks=80), marks=pytest.mark.slow),
-    dict(num_blocks=12, prefix_caching=True, reverse=True),
+    pytest.param(dict(policy="paper", num_host_blocks=40, mode="swap"), marks=pytest.mark.slow),
+    dict(max_num_batched_tokens=16, num_blocks=ROOMY),
+    pytest.param(dict(max_num_seqs=3, max_num_batched_tokens=40, num_blocks=ROOMY), marks=pytest.mark.slow),
+    dict(prefix_caching=True, reverse=True),
 ], ids=["recompute", "swap", "block8", "paper-swap", "chunk16", "seqs3", "prefix-reversed"])  # (slow: -m slow)
 def test_seeded_outputs_do_not_depend_on_batching(setting):
     """Outputs are a function of (seed, request id, sample index, position): pool size, preemption
     mode, block size, policy, chunk size, max_num_seqs and arrival order change nothing."""
     setting = dict(setting)
     order = SEEDED[::-1] if setting.pop("reverse", False) else SEEDED
-    got = serve(engine(**setting), order)
+    eng = engine(**setting)
+    got = serve(eng, order)
     assert {k: o.output_token_ids for k, o in got.items()} == _seeded_reference()
+    if eng.config.cache.num_blocks == SMALL:  # the small pool's settings are tested under preemption
+        assert eng.kv_stats()["num_preemptions"] > 0
 
 
 @functools.cache
 def _seeded_reference() -> dict[str, list[list[int]]]:
     """SEEDED's tokens on a roomy pool, FCFS (computed once for every setting)."""
-    return {k: o.output_token_ids for k, o in serve(engine(num_blocks=128), SEEDED).items()}
+    return {k: o.output_token_ids for k, o in serve(engine(num_blocks=ROOMY), SEEDED).items()}
