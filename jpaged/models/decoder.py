@@ -198,10 +198,20 @@ def init_params(spec: ModelSpec, seed: int = 0, dtype: Any = jnp.float32, *, sha
     `jpaged.models.parallel.param_shardings`) every device computes only its own shard: no array is
     ever whole on one device. Values do not depend on the sharding (JAX's partitionable threefry).
     """
-    def init() -> Params:
-        return nnx.to_pure_dict(nnx.state(CausalLM(spec, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed))))
+    if shardings is None:
+        return _initializer(spec, seed, jnp.dtype(dtype))()
+    return jax.jit(functools.partial(_init, spec, seed, jnp.dtype(dtype)), out_shardings=shardings)()
 
-    return jax.jit(init, out_shardings=shardings)()
+
+def _init(spec: ModelSpec, seed: int, dtype: jnp.dtype) -> Params:
+    return nnx.to_pure_dict(nnx.state(CausalLM(spec, dtype=dtype, rngs=nnx.Rngs(seed))))
+
+
+@functools.lru_cache(maxsize=16)
+def _initializer(spec: ModelSpec, seed: int, dtype: jnp.dtype) -> Callable[[], Params]:
+    """The jitted `_init` of one (spec, seed, dtype), kept: a process that builds many engines of
+    one model (a test session, a sweep) traces and compiles it once (0.2-2 s each time otherwise)."""
+    return jax.jit(functools.partial(_init, spec, seed, dtype))
 
 
 def dense_forward(spec: ModelSpec, params: Params, tokens: jax.Array) -> jax.Array:
