@@ -199,7 +199,7 @@ def compiler_options() -> dict[str, Any] | None:
     """XLA options for the programs StoredJit compiles: on CPU, LLVM's default optimisation level (2)
     instead of XLA's "aggressive" (3), unless XLA_FLAGS sets a level. The generated code gives the
     same bits (the float arithmetic is the same either way: no fast-math at any level) at the same
-    step time, and compiles 10-25% faster (docs/notes/compile-grid.md)."""
+    step time, and compiles 5-25% faster (docs/notes/compile-grid.md)."""
     if jax.default_backend() != "cpu" or "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
         return None
     return {"xla_backend_optimization_level": 2}
