@@ -186,10 +186,8 @@ class AsyncLLMEngine:
         if self.error is None:
             self.error = error
         if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._fail_all, self.error)
-            except RuntimeError:  # the event loop is closed: nobody is waiting
-                pass
+            with contextlib.suppress(_LoopClosed):  # nobody is waiting
+                self._post(self._fail_all, self.error)
 
     # ------------------------------------------------------------------ requests (event loop)
 
@@ -285,10 +283,8 @@ class AsyncLLMEngine:
         finally:
             if self.error is None:
                 self.error = EngineDeadError("the engine was shut down")
-            try:
-                self._loop.call_soon_threadsafe(self._fail_all, self.error)
-            except RuntimeError:  # the event loop is closed: nobody is waiting
-                pass
+            with contextlib.suppress(_LoopClosed):  # nobody is waiting
+                self._post(self._fail_all, self.error)
 
     def _apply(self, command: _Add | tuple[str, str]) -> None:
         """Runs one command on the engine thread."""
