@@ -53,10 +53,11 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 class ServerProcess:
-    """A server started from `command`, up once GET base_url/health answers 200."""
+    """A server started from `command`, up once GET base_url/health answers 200 (polled every
+    `poll_s` seconds)."""
 
     def __init__(self, name: str, command: list[str], port: int, env: dict | None = None,
-                 startup_timeout: float = 900.0):
+                 startup_timeout: float = 900.0, poll_s: float = 1.0):
         self.name, self.port = name, port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
@@ -74,7 +75,7 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{name} did not come up in {startup_timeout} s; log: {self.log}")
-            time.sleep(1.0)
+            time.sleep(poll_s)
 
     def cpu_seconds(self) -> float:
         """CPU seconds its process tree used so far."""

@@ -13,14 +13,25 @@ interleaved, each repeat rotating which goes first. Per run: output tokens, wall
 average, and for speculation the drafts, drafted and accepted tokens (acceptance length = 1 +
 accepted / drafts). Per (workload, batch, config): the median over repeats of each run's output
 tok/s over the plain engine's in the same repeat. Saved to results/spec_decode.json.
+
+With `vllm: true` and vLLM's CPU build at hand (`vllm_python` or $JPAGED_VLLM_PYTHON,
+experiments.peers.vllm_side), vLLM then serves the same batches the same way, without and with the
+same speculative configs (experiments/peers/spec_peer_vllm.py, in vLLM's environment; vLLM 0.32 has
+no `disable_by_batch_size`, so that key is left out on its side): its own speedups and acceptance
+lengths beside jpaged's, and whether its greedy tokens equal jpaged's. The two engines run one
+after the other, not interleaved: compare each one's speedup, not their tok/s across phases.
+Without vLLM the JSON says why (`vllm_skipped`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import statistics
+import subprocess
+import tempfile
 import time
 from typing import Any
 
@@ -29,6 +40,7 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.lm import corpus
+from experiments.peers.vllm_side import vllm_python, vllm_unavailable
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.llm import LLM
 
@@ -55,6 +67,8 @@ class SpecDecodeConfig:
     repeats: int = 3
     holdout_every: int = 20  # code_edit reads the files the asset model did not train on (configs/train_lm.yaml)
     seed: int = 0
+    vllm: bool = False  # also run vLLM's CPU build on the same batches (skipped, and said, without one)
+    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON)
     output: str = "results/spec_decode.json"
 
     def __post_init__(self) -> None:
@@ -85,7 +99,7 @@ def code_edit_prompts(llm: LLM, config: SpecDecodeConfig, count: int) -> list[li
 
 def run_once(llm: LLM, batches: list[list[list[int]]], params: SamplingParams) -> dict:
     """One timed run: an LLM.generate of each batch of prompts in turn, with the speculator's
-    counts over them."""
+    counts over them and the generated token ids (`token_ids`, one list per prompt)."""
     load_before = os.getloadavg()
     before = llm.engine.spec_decode_stats()
     cpu, start = time.process_time(), time.perf_counter()
@@ -93,7 +107,8 @@ def run_once(llm: LLM, batches: list[list[list[int]]], params: SamplingParams) -
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     result = {"output_tokens": tokens, "wall_s": wall, "cpu_s": cpu, "output_tok_s": tokens / wall,
-              "load_average_before": load_before, "load_average_after": os.getloadavg()}
+              "load_average_before": load_before, "load_average_after": os.getloadavg(),
+              "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
     after = llm.engine.spec_decode_stats()
     if after:
         drafts = after["spec_num_drafts"] - before["spec_num_drafts"]
@@ -117,12 +132,15 @@ def run(config: SpecDecodeConfig) -> dict:
     params = SamplingParams(max_tokens=config.output_len, ignore_eos=True)
     names = list(engines)
     runs: list[dict] = []
+    tokens: dict[str, list[list[int]]] = {}  # "workload/batch/engine" -> the first timed run's ids
+    peer_points: list[dict] = []
     points = [(w, b) for w in config.workloads for b in config.batch_sizes]
     bar = tqdm(total=len(points) * len(names) * (config.repeats + 1), desc="runs")
     prompts_of = {w: workloads[w]() for w in config.workloads}
     for workload, batch in points:
         prompts = prompts_of[workload]
         batches = [prompts[i * batch: (i + 1) * batch] for i in range(config.rounds)]
+        peer_points.append({"workload": workload, "batch": batch, "batches": batches})
         for name in names:  # warm-up: each engine compiles this batch's shapes
             run_once(engines[name], batches[:1], params)
             bar.update()
@@ -130,14 +148,61 @@ def run(config: SpecDecodeConfig) -> dict:
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:  # rotate who goes first
                 result = run_once(engines[name], batches, params)
+                ids = result.pop("token_ids")
+                if repeat == 0:
+                    tokens[f"{workload}/{batch}/{name}"] = ids
                 runs.append({"workload": workload, "batch": batch, "repeat": repeat, "engine": name, **result})
                 bar.update()
                 bar.set_postfix(workload=workload, batch=batch, engine=name, tok_s=f"{result['output_tok_s']:.0f}")
     bar.close()
     summary = summarise(config, runs, names)
     result = {"summary": summary, "runs": runs, "provenance": provenance(config, seed=config.seed)}
+    if config.vllm:
+        result.update(vllm_side(config, engines["off"], peer_points, tokens))
     write_json(REPO_ROOT / config.output, result)
     return result
+
+
+def vllm_side(config: SpecDecodeConfig, llm: LLM, points: list[dict], tokens: dict) -> dict:
+    """vLLM's runs of the same `points` (experiments/peers/spec_peer_vllm.py), summarised as
+    jpaged's are, with the share of prompts whose greedy tokens equal jpaged's (`tokens`, keyed
+    "workload/batch/engine") per point and engine; or why vLLM did not run."""
+    python = vllm_python(config.vllm_python)
+    if reason := vllm_unavailable(python):
+        print(f"vLLM side skipped: {reason}")
+        return {"vllm_skipped": reason}
+    engine = llm.engine.config
+    speculative = {name: {k: v for k, v in spec.items() if k != "disable_by_batch_size"}
+                   for name, spec in config.speculative.items()}
+    workload = {"model_dir": str(REPO_ROOT / config.model), "dtype": config.engine.get("dtype", "float32"),
+                "block_size": engine.cache.block_size, "kv_slots": (engine.cache.num_blocks - 1) * engine.cache.block_size,
+                "max_num_seqs": engine.scheduler.max_num_seqs, "max_model_len": engine.scheduler.max_model_len,
+                "seed": config.seed, "output_len": config.output_len, "repeats": config.repeats,
+                "speculative": {name: {**spec, "model": str(REPO_ROOT / spec["model"])} if "model" in spec else spec
+                                for name, spec in speculative.items()},
+                "points": points}
+    with tempfile.TemporaryDirectory(prefix="spec-vllm-") as tmp:
+        spec_path, out_path = os.path.join(tmp, "workload.json"), os.path.join(tmp, "result.json")
+        with open(spec_path, "w") as f:
+            json.dump(workload, f)
+        subprocess.run([python, str(REPO_ROOT / "experiments" / "peers" / "spec_peer_vllm.py"), spec_path, out_path],
+                       check=True, cwd=REPO_ROOT)
+        with open(out_path) as f:
+            peer = json.load(f)
+    for run in peer["runs"]:
+        if run["num_drafts"]:
+            run["acceptance_length"] = 1 + run["num_accepted_tokens"] / run["num_drafts"]
+        else:
+            run["acceptance_length"] = None
+    print(f"vLLM ({peer['engine']}), the same batches:")
+    same = {}
+    for key, ids in peer["tokens"].items():
+        workload_name, batch, _ = key.split("/")
+        ours = tokens[f"{workload_name}/{batch}/off"]
+        same[key] = sum(a == b for a, b in zip(ids, ours)) / len(ours)
+    return {"vllm": {"engine": peer["engine"], "speculative": speculative, "runs": peer["runs"],
+                     "summary": summarise(config, peer["runs"], ["off", *speculative]),
+                     "same_tokens_as_jpaged": same}}
 
 
 def summarise(config: SpecDecodeConfig, runs: list[dict], names: list[str]) -> list[dict]:

@@ -28,7 +28,7 @@ from experiments.kernel_bench.report import kernel_bench
 from experiments.memory_waste.report import memory_waste
 from experiments.parallel_sampling.report import parallel_sampling
 from experiments.preemption.report import preemption
-from experiments.report.engine import host_and_real_engine, real_executor, serving_against_vllm, spec_decode
+from experiments.report.engine import host_and_real_engine, real_executor, serving_against_vllm, spec_decode, startup
 from experiments.report.figure_moves_report import figure_moves
 from experiments.markdown import PAPER, Figures
 from experiments.shared_prefix.report import shared_prefix
@@ -78,7 +78,7 @@ def provenance(results: dict, figures: Figures) -> str:
 # The report in order; kernel_bench opens Fig. 18 and block_size continues it (Fig. 18b).
 SECTIONS = (header, sim_validation, figure_moves, memory_waste, throughput, real_executor, parallel_sampling,
             shared_prefix, chatbot, ablations, conversation, kernel_bench, block_size, preemption, chunked_prefill, fleet_section,
-            spec_sim, spec_decode, host_and_real_engine, serving_against_vllm, provenance)
+            spec_sim, spec_decode, host_and_real_engine, serving_against_vllm, startup, provenance)
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:

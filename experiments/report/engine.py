@@ -153,6 +153,33 @@ def serving_against_vllm(results: dict, figures: Figures) -> str:
                   "docs/notes/serving.md reads the numbers.")
 
 
+def startup(results: dict, figures: Figures) -> str:
+    """`jpaged serve`'s start-up from an empty, a filled and a moved cache folder, with vLLM's
+    start beside it (bench.startup)."""
+    out = "## Start-up: seconds to a ready server\n\n"
+    r = results.get("startup")
+    if r is None:
+        return out + "*Not run yet: `python -m experiments.bench.startup`.*"
+    prov = r["provenance"]
+    rows = ["| server | settings | programs | empty cache: ready / CPU | filled: ready / CPU | moved: ready / CPU |",
+            "|---|---|---|---|---|---|"]
+    cell = lambda start: f"{start['ready_s']:.1f} s / {start['cpu_s']:.1f} s" if start else "—"
+    for name, starts in r["starts"].items():
+        rows.append(f"| jpaged | {name} | {starts['cold']['programs']} | {cell(starts['cold'])} | "
+                    f"{cell(starts['filled'])} | {cell(starts['moved'])} |")
+        if "vllm_cold" in starts:
+            rows.append(f"| vLLM ({prov.get('vllm', '?')}) | {name} | — | {cell(starts['vllm_cold'])} | "
+                        f"{cell(starts['vllm_filled'])} | — |")
+    loads = [x["load_before"][0] for starts in r["starts"].values() for k, x in starts.items() if k != "flags"]
+    peer = ("vLLM's OpenAI server with the benchmark settings started between jpaged's (empty and filled "
+            "VLLM_CACHE_ROOT)" if not r.get("vllm_skipped") else f"vLLM not measured ({r['vllm_skipped']})")
+    return out + (f"`{r['command']}` at `{prov['git_sha'][:12]}` on {prov['cpu']} ({prov['cpus']} cores, "
+                  f"load {min(loads):.1f}–{max(loads):.1f}, {prov['date'][:10]}): ready is the first 200 from "
+                  "/health, CPU the server's process tree's seconds then; programs the warm-up grid's count. "
+                  "Settings: defaults is `jpaged serve --model assets/stdlib-lm`; benchmark is "
+                  f"`{' '.join(r['starts'].get('benchmark', {}).get('flags', []))}`. {peer}.\n\n" + "\n".join(rows))
+
+
 def spec_decode(results: dict, figures: Figures) -> str:
     """Speculative decoding measured on this CPU: output tok/s against the same engine without it
     (the benchmark's batches, then the sweep that sets its batch threshold)."""
@@ -165,6 +192,8 @@ def spec_decode(results: dict, figures: Figures) -> str:
                 + _spec_table(results["spec_decode_sweep"], "spec_decode_sweep") + "\n\n")
     if "spec_serve" in results:
         out += _spec_serve(results["spec_serve"]) + "\n\n"
+    if "spec_decode_vllm" in results:
+        out += _spec_vllm(results["spec_decode_vllm"]) + "\n\n"
     return out + ("The verify step costs what a decode costs while its tokens stay inside the decode's token bucket "
                   "(a batch of one pads to 8 tokens), so at batch 1 the gain follows the acceptance length; beyond "
                   "that the CPU's step time grows with its tokens, and a verify step of B (k + 1) tokens costs more "
@@ -193,6 +222,32 @@ def _spec_table(r: dict, config: str) -> str:
             f"{cfg['code_tokens']} tokens of held-out standard-library code, then its first "
             f"{cfg['repeat_tokens']} again; random: {cfg['prompt_len']} random tokens. Configs: {configs}.\n\n"
             + "\n".join(rows))
+
+
+def _spec_vllm(r: dict) -> str:
+    """jpaged's and vLLM's speedups from speculation on the same batches (spec_decode with `vllm: true`)."""
+    if "vllm" not in r:
+        return f"Against vLLM's CPU build: not run ({r.get('vllm_skipped', 'no vLLM side in the file')})."
+    prov, peer = r["provenance"], r["vllm"]
+    theirs = {(x["workload"], x["batch"], x["speculative"]): x for x in peer["summary"]}
+    rows = ["| workload | batch | config | jpaged: speedup (runs) | acceptance length | vLLM: speedup (runs) | "
+            "acceptance length | off tok/s, jpaged / vLLM | vLLM's greedy tokens = jpaged's |", "|---|---|---|---|---|---|---|---|---|"]
+    for ours in r["summary"]:
+        key = (ours["workload"], ours["batch"], ours["speculative"])
+        other = theirs[key]
+        same = peer["same_tokens_as_jpaged"]
+        agree = (f"{same[f'{key[0]}/{key[1]}/off']:.0%} off, {same[f'{key[0]}/{key[1]}/{key[2]}']:.0%} with")
+        length = lambda row: "—" if row["acceptance_length_median"] is None else f"{row['acceptance_length_median']:.2f}"
+        runs = lambda row: ", ".join(f"{x:.2f}" for x in row["speedups"])
+        rows.append(f"| {key[0]} | {key[1]} | {key[2]} | **{ours['speedup_median']:.2f}x** ({runs(ours)}) | {length(ours)} | "
+                    f"**{other['speedup_median']:.2f}x** ({runs(other)}) | {length(other)} | "
+                    f"{ours['off_tok_s_median']:.0f} / {other['off_tok_s_median']:.0f} | {agree} |")
+    loads = [run["load_average_before"][0] for run in r["runs"] + peer["runs"]]
+    return (f"Against vLLM's CPU build ({peer['engine']}): {command('bench.spec_decode', 'spec_decode_vllm')} at "
+            f"`{prov.get('git_sha', '?')[:12]}` (load average {min(loads):.1f}–{max(loads):.1f}): the same batches on "
+            "both engines, each against itself without speculation (interleaved within each engine; the engines run "
+            "one after the other, so compare speedups, not tok/s across them). vLLM 0.32 has no "
+            f"`disable_by_batch_size`: its configs are `{json.dumps(peer['speculative'])}`.\n\n" + "\n".join(rows))
 
 
 def _spec_serve(r: dict) -> str:
