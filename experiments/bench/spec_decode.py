@@ -190,10 +190,7 @@ def vllm_side(config: SpecDecodeConfig, llm: LLM, points: list[dict], tokens: di
         with open(out_path) as f:
             peer = json.load(f)
     for run in peer["runs"]:
-        if run["num_drafts"]:
-            run["acceptance_length"] = 1 + run["num_accepted_tokens"] / run["num_drafts"]
-        else:
-            run["acceptance_length"] = None
+        run["acceptance_length"] = 1 + run["accepted_tokens"] / run["drafts"] if run["drafts"] else None
     print(f"vLLM ({peer['engine']}), the same batches:")
     same = {}
     for key, ids in peer["tokens"].items():

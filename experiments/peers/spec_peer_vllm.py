@@ -14,8 +14,8 @@ max_model_len, seed, output_len, repeats, speculative ({name: vLLM speculative_c
 one warm-up batch per engine, then `repeats` timed runs per engine, interleaved, rotating which
 engine goes first; a run is an `LLM.generate` (greedy, EOS ignored) of each batch in turn.
 RESULT.json: per run the output tokens, wall and CPU seconds (the engine's process and its
-descendants), the load average and vLLM's speculative counters (`vllm:spec_decode_num_drafts`,
-`_num_draft_tokens`, `_num_accepted_tokens`) over it; per (point, engine) the token ids of the
+descendants), the load average and vLLM's speculative counters over it (`vllm:spec_decode_num_drafts`,
+`_num_draft_tokens`, `_num_accepted_tokens` as drafts, draft_tokens, accepted_tokens); per (point, engine) the token ids of the
 first timed run, to compare with jpaged's and between engines.
 """
 
@@ -29,13 +29,16 @@ import time
 
 from cpu_peer_vllm import tree_cpu_seconds
 
-_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+# vLLM's counter -> the name jpaged's side of spec_decode.py gives the same count
+_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
 
 
 def spec_counters(llm) -> dict[str, float]:
-    """vLLM's speculative-decoding counters now (0 for an engine without speculation)."""
+    """vLLM's speculative-decoding counters now (0 for an engine without speculation), by the
+    names of jpaged's side."""
     found = {m.name: m.value for m in llm.get_metrics() if m.name in _COUNTERS}
-    return {name.split(":")[1]: found.get(name, 0) for name in _COUNTERS}
+    return {ours: found.get(theirs, 0) for theirs, ours in _COUNTERS.items()}
 
 
 def engine_process(engine_args: dict, output_len: int) -> None:
