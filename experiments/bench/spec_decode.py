@@ -15,7 +15,7 @@ accepted / drafts). Per (workload, batch, config): the median over repeats of ea
 tok/s over the plain engine's in the same repeat. Saved to results/spec_decode.json.
 
 With `vllm: true` and vLLM's CPU build at hand (`vllm_python` or $JPAGED_VLLM_PYTHON,
-experiments.peers.vllm_side), vLLM then serves the same batches the same way, without and with the
+experiments.vllm_side), vLLM then serves the same batches the same way, without and with the
 same speculative configs (experiments/peers/spec_peer_vllm.py, in vLLM's environment; vLLM 0.32 has
 no `disable_by_batch_size`, so that key is left out on its side): its own speedups and acceptance
 lengths beside jpaged's, and whether its greedy tokens equal jpaged's. The two engines run one
@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.lm import corpus
-from experiments.peers.vllm_side import vllm_python, vllm_unavailable
+from experiments.vllm_side import vllm_python, vllm_unavailable
 from jpaged.core.sequence import SamplingParams
 from jpaged.entrypoints.llm import LLM
 

@@ -7,7 +7,7 @@ Each start is a fresh server process with `JPAGED_CACHE_DIR` set to the folder; 
 server's user + system seconds at that moment, and the programs the number its warm-up log line
 reports. Linux only (CPU time from /proc).
 
-With vLLM's CPU build available ($JPAGED_VLLM_PYTHON, experiments.peers.vllm_side), vLLM's
+With vLLM's CPU build available ($JPAGED_VLLM_PYTHON, experiments.vllm_side), vLLM's
 OpenAI server starts with the benchmark settings (the same as experiments.peers.serve_vs_vllm's)
 between jpaged's starts of those settings: cold (empty VLLM_CACHE_ROOT and TorchInductor cache
 folders, so torch.compile runs) and filled (the same folders again). Without it the JSON says why
@@ -32,8 +32,7 @@ from pathlib import Path
 
 from experiments.bench.serve_common import ServerProcess, free_port
 from experiments.common import cpu_description, git_sha, write_json
-from experiments.peers.serve_vs_vllm import ServeVsVllmConfig, commands
-from experiments.peers.vllm_side import vllm_python, vllm_unavailable
+from experiments.vllm_side import server_command, vllm_python, vllm_unavailable
 
 MODEL = "assets/stdlib-lm"
 SETTINGS = {
@@ -41,9 +40,9 @@ SETTINGS = {
     "benchmark": ["--dtype", "float32", "--block-size", "32", "--num-blocks", "4097", "--max-model-len", "512",
                   "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"],  # the vllm bench serve runs'
 }
-# vLLM's server with the benchmark settings: serve_vs_vllm's command line, so the KV slots match.
-VLLM_SETTINGS = ServeVsVllmConfig(model=MODEL, dtype="float32", block_size=32, num_blocks=4097, max_num_seqs=256,
-                                  max_num_batched_tokens=2048, max_model_len=512)
+# vLLM's server with the benchmark settings (the KV slots of jpaged's 4,097 blocks less the reserved one)
+VLLM_SETTINGS = dict(dtype="float32", block_size=32, kv_slots=4096 * 32, max_num_seqs=256, max_num_batched_tokens=2048,
+                     max_model_len=512)
 _GRID_LINE = re.compile(r"compiled (\d+) programs in ([\d.]+) s \(([\d.]+) s CPU")
 
 
@@ -77,7 +76,7 @@ def start(flags: list[str], cache: Path) -> dict:
 def start_vllm(python: str, cache: Path) -> dict:
     """One vLLM server start with the benchmark settings, its compile caches under `cache`."""
     port = free_port()
-    command = commands(VLLM_SETTINGS, free_port(), port, python)["vllm"]
+    command = server_command(python, MODEL, port, **VLLM_SETTINGS)
     server, timing = timed_start("vllm-startup", command, port, {"VLLM_CACHE_ROOT": str(cache / "vllm"),
                                                                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")})
     server.stop()
@@ -129,7 +128,7 @@ def main() -> None:
                                      "vllm_filled: empty and filled VLLM_CACHE_ROOT)",
                              "command": "python -m experiments.bench.startup " + " ".join(
                                  ["--settings", *args.settings]),
-                             "vllm_command": commands(VLLM_SETTINGS, 0, 0, python or "<vllm python>")["vllm"],
+                             "vllm_command": server_command(python or "<vllm python>", MODEL, 0, **VLLM_SETTINGS),
                              "vllm_skipped": skipped, "provenance": info, "starts": run(args.settings, python)})
 
 

@@ -23,7 +23,7 @@ native dense kernel over packed weights (pallas_kernels.native_dense_cpu); each 
 records both.
 
 vLLM runs in its own virtual environment (../shared/bench/README.md), its interpreter given by
-`vllm_python` or $JPAGED_VLLM_PYTHON (experiments.peers.vllm_side); without one that imports
+`vllm_python` or $JPAGED_VLLM_PYTHON (experiments.vllm_side); without one that imports
 vllm, only jpaged's rounds are measured, and the output says so.
 
     python -m experiments.peers.cpu_vs_vllm --config configs/cpu_vs_vllm.yaml
@@ -47,7 +47,7 @@ import numpy as np
 from experiments.bench.serve_real import ServeRealConfig, make_requests
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.peers.cpu_peer_vllm import tree_cpu_seconds
-from experiments.peers.vllm_side import vllm_python, vllm_unavailable
+from experiments.vllm_side import vllm_python, vllm_unavailable
 
 logger = logging.getLogger(__name__)
 ENGINES = ("jpaged", "vllm")

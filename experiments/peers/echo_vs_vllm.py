@@ -32,7 +32,7 @@ import httpx
 from experiments.bench.serve_common import free_port, serving
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.peers.serve_vs_vllm import ServeVsVllmConfig, commands
-from experiments.peers.vllm_side import vllm_python, vllm_unavailable
+from experiments.vllm_side import vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class EchoVsVllmConfig:
     num_items: int = 40  # multiple-choice items of the lm-eval task
     num_choices: int = 4
     seed: int = 0
-    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.peers.vllm_side)
+    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.vllm_side)
     output: str = "results/echo_vs_vllm.json"
 
 

@@ -34,12 +34,9 @@ from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
 from experiments.peers.vllm_bench import vllm_bench_serve
-from experiments.peers.vllm_side import vllm_python, vllm_unavailable
+from experiments.vllm_side import KV_BYTES_PER_TOKEN, server_command, vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
-
-# float32 KV bytes per token of the asset model: K and V x 4 layers x 2 KV heads x 32 dims x 4 bytes.
-KV_BYTES_PER_TOKEN = {"float32": 2 * 4 * 2 * 32 * 4, "bfloat16": 2 * 4 * 2 * 32 * 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +60,7 @@ class ServeVsVllmConfig:
     temperature: float | None = None  # vllm client only: None sends none (the server's default, 1.0)
     random_input_len: int = 128  # vllm client's random dataset
     random_output_len: int = 128
-    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.peers.vllm_side)
+    vllm_python: str = ""  # vLLM's interpreter ("": $JPAGED_VLLM_PYTHON, experiments.vllm_side)
     idle_probe_s: float = 10.0
     output: str = "results/serve_vs_vllm.json"
 
@@ -86,12 +83,9 @@ def commands(config: ServeVsVllmConfig, jpaged_port: int, vllm_port: int, python
                   max_model_len=config.max_model_len, policy="chunked")
     jpaged = [sys.executable, "-m", "jpaged.entrypoints.cli", "serve", "--model", config.model, "--port", str(jpaged_port),
               "--disable-access-log", "--log-level", "warning", *serve_flags(engine)]
-    vllm = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
-            "--port", str(vllm_port), "--dtype", config.dtype, "--block-size", str(config.block_size),
-            "--kv-cache-memory-bytes", str(slots * KV_BYTES_PER_TOKEN[config.dtype]),
-            "--max-num-seqs", str(config.max_num_seqs), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-            "--max-model-len", str(config.max_model_len), "--no-enable-prefix-caching",
-            "--disable-uvicorn-access-log"]
+    vllm = server_command(python, config.model, vllm_port, dtype=config.dtype, block_size=config.block_size,
+                          kv_slots=slots, max_num_seqs=config.max_num_seqs,
+                          max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len)
     return {"jpaged": jpaged, "vllm": vllm}
 
 

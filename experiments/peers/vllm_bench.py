@@ -1,6 +1,6 @@
 """One `vllm bench serve` run (vLLM's own benchmark client) against a running server.
 
-The client runs in vLLM's environment (`$JPAGED_VLLM_PYTHON`, experiments.peers.vllm_side) through
+The client runs in vLLM's environment (`$JPAGED_VLLM_PYTHON`, experiments.vllm_side) through
 experiments/peers/vllm_cli.py. It saves its result JSON with `--save-result`; this module reads it
 back with the server's CPU seconds during the run, the run's wall time and the load average, and
 refuses a run with failed requests (the client itself exits 0 when every request failed).

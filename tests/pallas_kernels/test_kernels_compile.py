@@ -3,8 +3,9 @@ Pallas emits, compiled by the `triton` package (its bundled ptxas), at serving s
 
 Asserts no register spills, shared memory within the target's per-block limit, and the launch
 model (`pallas_kernels.launch`) an upper bound of the shared memory that is at most one P tile +
-1 KB above it. The default run compiles the serving cases (about a minute on 2 cores); the full
-grid (`-m compile_grid`) adds every block size, GQA group, head dim, dtype and pool layout.
+1 KB above it. The default run compiles the serving cases and two configurations of each bound
+(about a minute on 2 cores); the slow tier the bound's other configurations; the full grid
+(`-m compile_grid`) adds every block size, GQA group, head dim, dtype and pool layout.
 """
 
 import functools
@@ -48,8 +49,14 @@ def test_serving_shapes_compile_without_spills(case, target):
     _check_builds(case, target)
 
 
+# The shared-memory model's bounds: one configuration per kernel and target in the default suite,
+# the others (each a Triton compile of a few seconds) in the slow tier, which CI also runs.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("group,block_k,num_stages", [(1, 64, 2), (4, 128, 2), (8, 64, 1), (4, 64, 3)])
+@pytest.mark.parametrize("group,block_k,num_stages", [(1, 64, 2), pytest.param(4, 128, 2, marks=SLOW),
+                                                      pytest.param(8, 64, 1, marks=SLOW), (4, 64, 3)])
 def test_decode_shared_memory_model_bounds_the_compiler(target, group, block_k, num_stages):
     case = decode_case("decode", batch=8, q_heads=8 * group, kv_heads=8, context=1024, block_k=block_k,
                        num_stages=num_stages)
@@ -57,7 +64,7 @@ def test_decode_shared_memory_model_bounds_the_compiler(target, group, block_k, 
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("group,block_k", [(1, 64), (4, 32), (8, 64)])
+@pytest.mark.parametrize("group,block_k", [(1, 64), pytest.param(4, 32, marks=SLOW), pytest.param(8, 64, marks=SLOW)])
 def test_prefill_shared_memory_model_bounds_the_compiler(target, group, block_k):
     case = prefill_case("prefill", tokens=256, seqs=4, q_heads=8 * group, kv_heads=8, context=1024, block_k=block_k)
     _check_builds(case, target, rows=DEFAULT_TILE_ROWS, block_k=block_k)

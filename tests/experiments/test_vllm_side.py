@@ -3,7 +3,7 @@ committed path; without one the reason says how to give it."""
 
 import sys
 
-from experiments.peers import vllm_side
+from experiments import vllm_side
 
 
 def test_the_config_field_wins_over_the_environment(monkeypatch):
@@ -21,5 +21,18 @@ def test_no_interpreter_names_the_environment_variable(monkeypatch, tmp_path):
 
 def test_no_committed_config_names_a_machine_s_interpreter():
     from pathlib import Path
-    configs = Path(__file__).resolve().parents[3] / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    assert list(configs.glob("*.yaml"))
     assert not [p.name for p in configs.glob("*.yaml") if "vllm_python" in p.read_text()]
+
+
+def test_server_command_gives_vllm_the_same_kv_slots_and_limits():
+    command = vllm_side.server_command("/vllm/python", "assets/stdlib-lm", 8200, dtype="float32", block_size=32,
+                                       kv_slots=4096 * 32, max_num_seqs=256, max_num_batched_tokens=2048,
+                                       max_model_len=512)
+    flags = dict(zip(command[3::2], command[4::2]))
+    assert command[:3] == ["/vllm/python", "-m", "vllm.entrypoints.openai.api_server"]
+    # 131,072 slots x (K and V x 4 layers x 2 KV heads x 32 dims x 4 bytes)
+    assert flags["--kv-cache-memory-bytes"] == str(131072 * 2048) and flags["--block-size"] == "32"
+    assert (flags["--max-num-seqs"], flags["--max-num-batched-tokens"], flags["--max-model-len"]) == ("256", "2048", "512")
+    assert "--no-enable-prefix-caching" in command
