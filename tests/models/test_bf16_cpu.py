@@ -25,7 +25,9 @@ def test_storage_dtype_is_bits_only_for_bf16_on_the_cpu_xla_path():
     assert storage_dtype(jnp.bfloat16, "cpu", attention_backend="pallas_triton") == jnp.bfloat16
 
 
-@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+# The pool's storage does not depend on the model: one model per test in the default suite, the
+# other in the slow tier.
+@pytest.mark.parametrize("name", [pytest.param("tiny-opt", marks=pytest.mark.slow), "tiny-llama"])
 def test_bits_pool_matches_bf16_pool_exactly(name):
     spec = get_preset(name)
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), decoder.init_params(spec))
@@ -86,7 +88,7 @@ def test_block_ops_move_bits_pools_exactly():
 
 
 @pytest.mark.skipif(not native_cpu.available(), reason=f"native CPU kernel: {native_cpu.unavailable_reason()}")
-@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-opt", pytest.param("tiny-llama", marks=pytest.mark.slow)])
 def test_native_decode_on_the_bits_pool_matches_the_xla_path(name):
     """The cpu_native backend reads the same uint16 pool: its decode logits equal the XLA path's
     up to float32 summation order (and the bf16 rounding of the attention output that follows)."""

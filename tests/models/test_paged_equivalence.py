@@ -37,15 +37,18 @@ def rel_err(got, want):
     return float(np.max(np.abs(np.asarray(got) - np.asarray(want))) / np.max(np.abs(np.asarray(want))))
 
 
-# Both block sizes on CPU's default backend; the XLA fallback at one (the slowest pair of cases,
-# xla at block 8, is left out to keep the suite's time: its paging is block-size generic).
+# Both block sizes on CPU's default backend, both models; the XLA fallback at one block size (xla
+# at block 8 is left out: its paging is block-size generic), tiny-llama in the default suite and
+# tiny-opt in the slow tier (the models' own layers are the default backend's cases too).
 DECODE_CASES = [pytest.param(16, "xla", id="xla-16"),
                 *[pytest.param(bs, *case.values, marks=case.marks, id=f"cpu_native-{bs}") for bs in (8, 16)
                   for case in CPU_BACKENDS[1:]]]
+MODEL_CASES = [pytest.param(name, *case.values, id=f"{case.id}-{name}",
+                            marks=[*case.marks, *([pytest.mark.slow] if (case.id, name) == ("xla-16", "tiny-opt") else [])])
+               for case in DECODE_CASES for name in ("tiny-opt", "tiny-llama")]
 
 
-@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
-@pytest.mark.parametrize("block_size, backend", DECODE_CASES)
+@pytest.mark.parametrize("name, block_size, backend", MODEL_CASES)
 def test_decode_step_by_step_matches_dense(name, block_size, backend):
     spec = get_preset(name)
     params = sharp_params(spec)
