@@ -102,6 +102,7 @@ def test_weights_and_pool_are_split_by_head_and_updated_in_place():
     assert [s.data.unsafe_buffer_pointer() for p in pool for s in p.addressable_shards] == pointers
 
 
+@pytest.mark.slow  # (interpreted Pallas: 12 s; the default suite runs the kernels unsharded)
 def test_pallas_kernels_run_per_shard():
     """The runner on the Pallas kernels (interpreted) with 2 shards gives the single-device logits."""
     spec0 = get_preset("tiny-llama")
