@@ -88,10 +88,16 @@ def run(workload: dict) -> dict:
     return result
 
 
-if __name__ == "__main__":
+def workload_main(run_workload) -> None:
+    """A peer script's command line, `WORKLOAD.json RESULT.json`: `run_workload` of the first's
+    JSON, written to the second."""
     if len(sys.argv) != 3:
         sys.exit(f"usage: {sys.argv[0]} WORKLOAD.json RESULT.json")
     with open(sys.argv[1]) as f:
-        result = run(json.load(f))
+        result = run_workload(json.load(f))
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)
+
+
+if __name__ == "__main__":
+    workload_main(run)

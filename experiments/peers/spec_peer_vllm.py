@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from cpu_peer_vllm import tree_cpu_seconds
+from cpu_peer_vllm import tree_cpu_seconds, workload_main
 
 # vLLM's counter -> the name jpaged's side of spec_decode.py gives the same count
 _COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -135,9 +135,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--engine"]:
         engine_process(json.loads(sys.argv[2]), int(sys.argv[3]))
         sys.exit()
-    if len(sys.argv) != 3:
-        sys.exit(f"usage: {sys.argv[0]} WORKLOAD.json RESULT.json")
-    with open(sys.argv[1]) as f:
-        result = run(json.load(f))
-    with open(sys.argv[2], "w") as f:
-        json.dump(result, f)
+    workload_main(run)
