@@ -51,22 +51,28 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     return total
 
 
-def run(workload: dict) -> dict:
-    """Serves `workload` twice with vllm.LLM; returns the second run's tokens and times."""
+def llm_args(workload: dict) -> dict:
+    """`vllm.LLM`'s arguments for a workload file's model and engine settings (model_dir, dtype,
+    block_size, kv_slots, max_num_seqs, max_model_len, seed; max_num_batched_tokens where given):
+    token-id prompts, exactly kv_slots of KV cache, prefix caching off."""
     # A fixed KV budget (GiB): by default vLLM sizes it from the memory free at start, and its
     # start failed at times on this shared machine. num_gpu_blocks_override then sets the slots.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
     block_size = workload["block_size"]
     if workload["kv_slots"] % block_size:
         raise ValueError(f"kv_slots ({workload['kv_slots']}) must be a multiple of block_size ({block_size})")
-    llm = LLM(model=workload["model_dir"], skip_tokenizer_init=True, dtype=workload["dtype"],
-              block_size=block_size, num_gpu_blocks_override=workload["kv_slots"] // block_size,
-              max_num_seqs=workload["max_num_seqs"], max_model_len=workload["max_model_len"],
-              max_num_batched_tokens=workload["max_num_batched_tokens"], enable_prefix_caching=False,
-              seed=workload["seed"])
+    optional = {k: workload[k] for k in ("max_num_batched_tokens",) if k in workload}
+    return dict(model=workload["model_dir"], skip_tokenizer_init=True, dtype=workload["dtype"], block_size=block_size,
+                num_gpu_blocks_override=workload["kv_slots"] // block_size, max_num_seqs=workload["max_num_seqs"],
+                max_model_len=workload["max_model_len"], enable_prefix_caching=False, seed=workload["seed"], **optional)
+
+
+def run(workload: dict) -> dict:
+    """Serves `workload` twice with vllm.LLM; returns the second run's tokens and times."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**llm_args(workload))
     prompts = [TokensPrompt(prompt_token_ids=p) for p in workload["prompts"]]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
               for n in workload["output_lens"]]

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from cpu_peer_vllm import tree_cpu_seconds, workload_main
+from cpu_peer_vllm import llm_args, tree_cpu_seconds, workload_main
 
 # vLLM's counter -> the name jpaged's side of spec_decode.py gives the same count
 _COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -99,12 +99,7 @@ class Engine:
 
 def run(workload: dict) -> dict:
     """Starts the engines, then the warm-ups and interleaved timed runs of every point."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # a fixed budget; the slots come from the override
-    common = dict(model=workload["model_dir"], skip_tokenizer_init=True, dtype=workload["dtype"],
-                  block_size=workload["block_size"],
-                  num_gpu_blocks_override=workload["kv_slots"] // workload["block_size"],
-                  max_num_seqs=workload["max_num_seqs"], max_model_len=workload["max_model_len"],
-                  enable_prefix_caching=False, seed=workload["seed"], disable_log_stats=False)
+    common = {**llm_args(workload), "disable_log_stats": False}  # (stats on: the speculative counters)
     engines = {}
     runs, tokens = [], {}
     try:
