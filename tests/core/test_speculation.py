@@ -5,6 +5,8 @@ tests/engine/test_engine_speculative.py.)"""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.config.presets import get_preset
@@ -27,6 +29,23 @@ def test_ngram_draft_takes_the_longest_suffix_then_its_latest_occurrence():
     assert ngram_draft([4, 5, 6, 4], 3, 2, 3) == []  # only a 1-gram would match
     assert ngram_draft([7, 7, 7, 7], 4, 1, 3) == [7]  # the match runs into the suffix: fewer than k
     assert ngram_draft([1], 4, 1, 3) == []
+
+
+def _lookup_by_definition(tokens, k, min_n, max_n):
+    """ngram_draft read off its docstring: every n-gram window, longest first, latest start."""
+    for n in range(max_n, min_n - 1, -1):
+        suffix = tokens[len(tokens) - n:] if n <= len(tokens) - 1 else None
+        starts = [i for i in range(len(tokens) - n) if suffix is not None and tokens[i: i + n] == suffix]
+        if starts:
+            return tokens[starts[-1] + n: starts[-1] + n + k]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=30), st.integers(1, 5), st.integers(1, 4), st.integers(0, 3))
+def test_ngram_draft_equals_the_lookup_by_definition(tokens, k, min_n, extra):
+    # A vocabulary of four makes repeats, long matches and matches running into the suffix common.
+    assert ngram_draft(tokens, k, min_n, min_n + extra) == _lookup_by_definition(tokens, k, min_n, min_n + extra)
 
 
 def test_accepted_length_counts_the_leading_drafts_the_samples_confirm():

@@ -50,13 +50,24 @@ def ngram_draft(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[in
     of those lengths occurs earlier."""
     tokens = np.asarray(token_ids, dtype=np.int32)
     length = len(tokens)
+    if length < 2 or min_n > length - 1:
+        return []
+    # Candidate ends: every earlier e (e <= length - 2, so a token follows it) with tokens[e] equal
+    # to the last token; then each look-back j keeps those whose token j before also matches. One
+    # pass over the sequence, then work on the few candidates only (this runs on the host each step).
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])  # i32[C], ascending
+    matched = np.ones(len(ends), np.int32)  # [C] how many suffix tokens each candidate matched, <= max_n
+    alive = np.ones(len(ends), bool)
+    for j in range(1, min(max_n, length - 1)):
+        alive &= ends >= j
+        alive[alive] = tokens[ends[alive] - j] == tokens[length - 1 - j]
+        if not alive.any():
+            break
+        matched += alive
     for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # windows[i] = tokens[i : i + n] for the starts i <= length - n - 1 that leave a token after
-        # them before the suffix itself.
-        windows = sliding_window_view(tokens[: length - 1], n)
-        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
+        hits = ends[matched >= n]
         if len(hits):
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             return tokens[start: start + k].tolist()
     return []
 
