@@ -236,7 +236,8 @@ class Sequence:
     """One token stream: prompt plus generated tokens, with its running log-probability."""
 
     __slots__ = ("seq_id", "index", "prompt_len", "prompt_array", "token_ids", "cumulative_logprob",
-                 "status", "block_keys", "group", "num_reported", "logprobs", "constraint", "history")
+                 "status", "block_keys", "group", "num_reported", "logprobs", "constraint", "history",
+                 "draft_lag")
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], index: int = 0):
         self.seq_id = seq_id
@@ -256,6 +257,9 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = None
         self.constraint: TokenConstraint | None = None  # its own matcher (SamplingParams.constraint)
         self.history = None  # its tokens as an array, while penalties read them (jpaged.core.sampling_controls)
+        # With a draft model: the tokens whose draft K/V is written, when fewer than those computed
+        # (steps ran without the draft: jpaged.core.sched.draft_mirror); None when it is complete.
+        self.draft_lag: int | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -281,6 +285,7 @@ class Sequence:
         child.group = self.group
         child.logprobs = None if self.logprobs is None else list(self.logprobs)
         child.constraint = None if self.constraint is None else self.constraint.fork()
+        child.draft_lag = self.draft_lag
         return child
 
 

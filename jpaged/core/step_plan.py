@@ -160,6 +160,10 @@ class StepPlan:
     offload_pairs: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_PAIRS)
     seqs: list[Sequence] = dataclasses.field(default_factory=list)  # the batch's sequences, row by row
     prompt_rows: PromptRows | None = None  # rows whose logits also come back as prompt log-probabilities
+    # With a draft model (jpaged.core.sched.draft_mirror): whether the draft runs this plan too, and
+    # a draft-only plan run before it that fills the draft K/V its lagging sequences miss.
+    draft_mirror: bool = True
+    draft_catchup: StepPlan | None = None
 
     @classmethod
     def block_ops_only(cls, *, copy: Seq[tuple[int, int]] = (), swap_in: Seq[tuple[int, int]] = (),

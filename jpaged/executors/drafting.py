@@ -12,9 +12,11 @@ steps computes a padded row (slot in reserved block 0, one token of context).
 
 The draft's pool has the target's block count and block size and is indexed by the same block
 tables and slots: no second block manager. Every other plan the target runs is run by the draft
-too, and every block operation (copies, swaps, the host tier's offloads) moves its blocks as well
-(`JaxExecutor.launch`), so its pool holds the K/V of every computed token; slots a verify step
-gives back hold rejected drafts' K/V in both pools and are overwritten before they are read again.
+too (`StepPlan.draft_mirror`), but for those planned while speculation is off at the batch's size,
+whose tokens a later plan's `draft_catchup` gives the draft before it drafts from them
+(jpaged.core.sched.draft_mirror); every block operation (copies, swaps, the host tier's offloads)
+moves its blocks as well (`JaxExecutor.launch`). Slots a verify step gives back hold rejected
+drafts' K/V in both pools and are overwritten before they are read again.
 Pure numpy, but for loading the draft.
 """
 

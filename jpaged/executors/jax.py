@@ -236,10 +236,12 @@ class JaxExecutor:
                 self.draft_pool = cache_ops.copy_blocks(*self.draft_pool, jnp.asarray(pairs))
         self.kv_pool = (k_pool, v_pool)  # the old pool was donated: never keep a reference to it
         if self.draft_runner is not None and plan.num_seqs:
+            if plan.draft_catchup is not None:  # the draft K/V of steps run without it (core.sched.draft_mirror)
+                self._run_draft_model(plan.draft_catchup)
             if plan.sampling is not None and plan.sampling.spec_offsets is not None:
                 plan = self._drafted(plan)  # the draft loop wrote the draft's K/V of the plan's tokens
-            else:
-                self._run_draft_model(plan)  # the draft's pool keeps every computed token's K/V
+            elif plan.draft_mirror:
+                self._run_draft_model(plan)  # the draft's pool keeps the K/V of the tokens it may draft from
         # (logits f32[S, V], prompt scores or None), on device
         handle = self._run_model(plan) if plan.num_seqs else None
         return PendingStep(plan, start, handle)

@@ -120,20 +120,37 @@ def _draft_dir(directory, noise: float):
     return str(directory)
 
 
-def _draft_model(directory: str) -> SpeculativeConfig:
-    return SpeculativeConfig(method="draft_model", model=directory, num_speculative_tokens=3)
+def _draft_model(directory: str, **fields) -> SpeculativeConfig:
+    return SpeculativeConfig(method="draft_model", model=directory, num_speculative_tokens=3, **fields)
 
 
 def test_the_target_as_its_own_draft_is_accepted_and_changes_nothing(plain_outputs, tmp_path):
-    engine = make_engine(speculative=_draft_model(_draft_dir(tmp_path / "self", 0.0)))
+    # Speculation off at 2 sequences and more: the draft skips those steps and catches up after.
+    engine = make_engine(speculative=_draft_model(_draft_dir(tmp_path / "self", 0.0), disable_by_batch_size=2))
     _same(_serve(engine), plain_outputs[0])
     before = engine.kv_stats()
-    # Greedy rows accept every draft of their own model's greedy decodes: k + 1 tokens a step.
-    greedy = [PROMPTS[0]] * 2
-    for i, prompt in enumerate(greedy):
-        engine.add_request(f"g{i}", prompt, _params(0))
+    plans = []
+    launch = engine.executor.launch
+    engine.executor.launch = lambda plan: plans.append(plan) or launch(plan)
+    # Two greedy requests run side by side (no drafts, no draft runs) until the short one ends;
+    # then the long one's missing draft K/V is computed, and it drafts alone. A draft that is the
+    # target's own model is accepted whole only if that K/V is right: k + 1 tokens a step.
+    engine.add_request("g0", PROMPTS[0], _params(0))
+    engine.add_request("g1", PROMPTS[0], SamplingParams(max_tokens=5, ignore_eos=True))
     outputs = run_to_end(engine)
-    assert [outputs[f"g{i}"].outputs[0].token_ids for i in range(2)] == [plain_outputs[0][0].outputs[0].token_ids] * 2
+    expected = plain_outputs[0][0].outputs[0].token_ids
+    assert [outputs[g].outputs[0].token_ids for g in ("g0", "g1")] == [expected, expected[:5]]
+    assert sum(not p.draft_mirror for p in plans) >= 5 and sum(p.draft_catchup is not None for p in plans) == 1
+    # The draft is the target: its pool holds the target's K/V at every computed token of g0,
+    # those the catch-up computed included. (K/V pools: [layers, KV heads, blocks, block size, D].)
+    last = plans[-1]  # (g0's last verify step, alone)
+    assert [s.group.request_id for s in last.seqs] == ["g0"]
+    table = last.block_tables[0]
+    positions = np.arange(len(PROMPTS[0]) + len(expected) - 1)
+    blocks, offsets = table[positions // engine.config.cache.block_size], positions % engine.config.cache.block_size
+    for target, draft in zip(engine.executor.kv_pool, engine.executor.draft_pool):
+        np.testing.assert_allclose(np.asarray(draft)[:, :, blocks, offsets], np.asarray(target)[:, :, blocks, offsets],
+                                   rtol=1e-4, atol=1e-5)
     after = engine.kv_stats()
     drafted, accepted = (after[key] - before[key] for key in ("spec_num_draft_tokens", "spec_num_accepted_tokens"))
     num_drafts = after["spec_num_drafts"] - before["spec_num_drafts"]

@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from jpaged.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from jpaged.core.sched import draft_mirror
 from jpaged.core.sched.admission import Admission
 from jpaged.core.kv.block_manager import BlockManager
 from jpaged.core.sched.persistent_batch import PersistentBatch
@@ -107,6 +108,10 @@ class Scheduler:
                 raise ValueError(f"speculative.method: {speculative.method!r} needs the paged block manager and "
                                  f"iteration-level batching, got {type(self.block_manager).__name__}")
             self.speculator = Speculator(speculative, config.max_num_seqs, config.max_num_batched_tokens)
+        # A draft model whose speculation turns off above a batch size runs only beside the steps
+        # planned while it may draft (jpaged.core.sched.draft_mirror); otherwise beside every step.
+        self.skips_draft = (self.speculator is not None and speculative.method == "draft_model"
+                            and speculative.disable_by_batch_size is not None)
         self.num_preemptions = 0
         self._touched: list[SequenceGroup] = []  # groups that freed a sequence since remove_finished
         self._seq_ids = 0
@@ -159,6 +164,7 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         """Gives back a sequence's blocks: device ones (full ones offered to the prefix cache) or host."""
         self.rejoin.forget(seq.seq_id)
+        seq.draft_lag = None  # (its draft K/V goes with its blocks: a recompute mirrors it again)
         bm = self.block_manager
         if bm.rows.has_seq(seq.seq_id):
             if self.prefix_caching:
@@ -188,6 +194,8 @@ class Scheduler:
                 out.plan.swap_in_pairs = pairs_array(out.plan.swap_in_pairs.tolist() + promotions)
         if self.batching is not None:
             self.batching.stepped(self, out)
+        if self.skips_draft:
+            self._place_draft(out.plan)
         return out
 
     def schedule_decode(self) -> SchedulerOutput | None:
@@ -202,7 +210,24 @@ class Scheduler:
             return None
         if self.speculator is not None and self.speculator.may_draft(self.running_set.num_seqs):
             return None
-        return self._steady_step()[0]
+        out = self._steady_step()[0]
+        if out is not None and self.skips_draft:
+            self._place_draft(out.plan)
+        return out
+
+    def _place_draft(self, plan: StepPlan) -> None:
+        """Whether the draft model runs beside `plan` (not a verify step: its draft loop is the
+        draft's run, and `_verify_step` adds its catch-up): not while speculation is off at the
+        running set's size, else with the catch-up of the plan's lagging sequences
+        (jpaged.core.sched.draft_mirror)."""
+        if not plan.num_seqs or (plan.sampling is not None and plan.sampling.spec_offsets is not None):
+            return
+        if not self.speculator.may_draft(self.running_set.num_seqs):
+            draft_mirror.skip(plan)
+            return
+        catch_up = draft_mirror.CatchUp.of(plan.seqs, draft_mirror.first_positions(plan),
+                                           self.config.max_num_batched_tokens)
+        plan.draft_catchup = catch_up.apply(self.block_manager)
 
     def _steady_step(self) -> tuple[SchedulerOutput | None, bool | None]:
         """(the fast path's step or None, why admission stops: None when it would not)."""
@@ -262,6 +287,13 @@ class Scheduler:
         drafts = self.speculator.drafts(batch.seqs)
         if drafts is None:
             return None
+        catch_up = None
+        if self.skips_draft:  # a sequence whose draft K/V this step cannot complete drafts nothing
+            catch_up = draft_mirror.CatchUp.of(batch.seqs, [len(s.token_ids) - 1 for s in batch.seqs],
+                                               self.config.max_num_batched_tokens)
+            drafts = [[] if lagging else d for d, lagging in zip(drafts, catch_up.lagging())]
+            if not any(drafts):
+                return None
         rows = batch.rows
         appended = self.block_manager.append_slots(rows, np.array([1 + len(d) for d in drafts], np.int64))
         if appended is None:
@@ -270,6 +302,8 @@ class Scheduler:
         # Its sequences gain up to k + 1 tokens: the kept batch's length limits count one a step.
         running_set.rebuild()
         plan = verify_plan(self.block_manager, list(batch.seqs), rows, drafts, *appended)
+        if catch_up is not None:
+            plan.draft_catchup = catch_up.apply(self.block_manager)
         return SchedulerOutput(plan, [], [], 0, held_back is True)
 
     def _schedule_running(self, step: StepDraft) -> None:
