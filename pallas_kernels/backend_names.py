@@ -6,5 +6,5 @@ from __future__ import annotations
 import typing
 from typing import Literal
 
-BackendName = Literal["auto", "pallas", "pallas_triton", "xla", "cpu_native"]
+BackendName = Literal["auto", "pallas", "pallas_triton", "pallas_mosaic_gpu", "xla", "cpu_native"]
 BACKEND_NAMES: tuple[str, ...] = typing.get_args(BackendName)

@@ -6,14 +6,17 @@
   is found), else `xla`.
 - `pallas_triton`: the Pallas kernels lowered through Pallas's Triton backend (A100, H100/H200);
   `interpret=True` runs them on CPU. The GPU default.
+- `pallas_mosaic_gpu`: the ragged (prefill and decode) attention through Pallas's Mosaic GPU
+  lowering (Hopper; `paged_attention_mgpu`) where it takes the shape (bf16/f16, head_dim 64 or
+  128), else the Triton kernel; GPU's interpreter on CPU. Lowered in CI, not yet run on a GPU.
 - `pallas`: an alias for the Pallas lowering the project defaults to, today `pallas_triton`.
 - `auto`: `pallas` on a GPU, `cpu_native` on CPU (`xla` where it does not build).
 
-JAX deprecates the Pallas Triton lowering in favour of Mosaic GPU. The seam for that: a backend
-entry names its Pallas lowering and builds that lowering's compiler params (`compiler_params`),
-and every kernel module maps backend names to its implementations (`pick`). Adding Mosaic GPU is
-a name in `backend_names.BackendName`, an entry in `BACKENDS`, the kernels written for it, and (once proven on
-a GPU) moving the `pallas` alias; the model config, the runner and the tests take names from here.
+JAX deprecates the Pallas Triton lowering in favour of Mosaic GPU. A backend entry names its Pallas
+lowering, and every kernel module maps backend names to its implementations (`pick`): the model's
+ragged attention has both; the `pallas` alias moves to `pallas_mosaic_gpu` once a GPU run proves it
+(experiments/gpu_check.sh runs its tests compiled). The model config, the runner and the tests take
+names from here.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class AttentionBackend:
     """One way to run the attention kernels."""
 
     name: str
-    pallas_lowering: str | None  # None: plain XLA; "triton" (later "mosaic_gpu")
+    pallas_lowering: str | None  # None: plain XLA; "triton" or "mosaic_gpu"
     platforms: tuple[str, ...]  # jax backends it compiles for, without interpret mode
     description: str
 
@@ -50,6 +53,8 @@ BACKENDS: dict[str, AttentionBackend] = {
                                    "C++ FFI attention reading the pool in place (native_cpu)"),
     "pallas_triton": AttentionBackend("pallas_triton", "triton", ("gpu",),
                                       "Pallas kernels through the Triton lowering (A100, H100/H200)"),
+    "pallas_mosaic_gpu": AttentionBackend("pallas_mosaic_gpu", "mosaic_gpu", ("gpu",),
+                                          "ragged attention through the Mosaic GPU lowering (H100/H200), else Triton"),
 }
 ALIASES = {"pallas": "pallas_triton"}  # the Pallas lowering the project defaults to
 PALLAS_TRITON = BACKENDS["pallas_triton"]

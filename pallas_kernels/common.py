@@ -344,3 +344,20 @@ def xla_softmax_finish(state) -> jax.Array:
     """acc / denom, with 0 for rows that saw no live key."""
     acc, _, l = state
     return acc / jnp.where(l > 0, l, 1.0)[..., None]
+
+
+def tile_plan(query_start_loc, block_q: int, num_tiles: int):
+    """Cut each sequence's query rows into tiles of `block_q`; tile i -> (sequence, first query row).
+
+    Returns `(tile_seq i32[NT], tile_row i32[NT], tile_valid bool[NT], first_tile i32[S])`, where
+    `tile_row` is the tile's first row within its sequence's query range.
+    """
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
+    tiles_per_seq = pl.cdiv(q_lens, block_q)  # i32[S]
+    tile_ends = jnp.cumsum(tiles_per_seq)  # i32[S]
+    first_tile = tile_ends - tiles_per_seq  # i32[S]
+    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
+    tile_seq = jnp.clip(jnp.searchsorted(tile_ends, tiles, side="right"), 0, q_lens.shape[0] - 1).astype(jnp.int32)
+    tile_valid = tiles < tile_ends[-1]
+    tile_row = (tiles - first_tile[tile_seq]) * block_q
+    return tile_seq, tile_row, tile_valid, first_tile

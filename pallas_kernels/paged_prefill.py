@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels import launch, native_cpu
+from pallas_kernels import launch, native_cpu, paged_attention_mgpu
 from pallas_kernels.backends import PALLAS_TRITON, bind_impl
 from pallas_kernels.common import (
     MIN_DOT_DIM,
@@ -42,6 +42,7 @@ from pallas_kernels.common import (
     init_softmax_state,
     next_power_of_2,
     online_softmax_step,
+    tile_plan,
     token_positions,
     xla_softmax_finish,
     xla_softmax_init,
@@ -167,7 +168,7 @@ def paged_prefill_attention_xla(
     num_seqs, max_blocks = block_tables.shape
     block_q = min(block_q, next_power_of_2(num_tokens))  # small batches: no tile larger than the batch
     num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs  # each sequence adds at most one partial tile
-    tile_seq, tile_row, tile_valid, _ = _tile_plan(query_start_loc, block_q, num_tiles)  # [NT] each
+    tile_seq, tile_row, tile_valid, _ = tile_plan(query_start_loc, block_q, num_tiles)  # [NT] each
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
     row_in_seq = tile_row[:, None] + jnp.arange(block_q)[None, :]  # [NT, Bq]
     row_ok = tile_valid[:, None] & (row_in_seq < q_lens[tile_seq][:, None])  # [NT, Bq]
@@ -236,23 +237,6 @@ def _prefill_kernel(
 
     o, _, l = jax.lax.fori_loop(0, pl.cdiv(num_keys, chunk), body, init_softmax_state(rows, head_dim))
     o_ref[...] = (o / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
-
-
-def _tile_plan(query_start_loc, block_q: int, num_tiles: int):
-    """Cut each sequence's query rows into tiles of `block_q`; tile i -> (sequence, first query row).
-
-    Returns `(tile_seq i32[NT], tile_row i32[NT], tile_valid bool[NT], first_tile i32[S])`, where
-    `tile_row` is the tile's first row within its sequence's query range.
-    """
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
-    tiles_per_seq = pl.cdiv(q_lens, block_q)  # i32[S]
-    tile_ends = jnp.cumsum(tiles_per_seq)  # i32[S]
-    first_tile = tile_ends - tiles_per_seq  # i32[S]
-    tiles = jnp.arange(num_tiles, dtype=jnp.int32)
-    tile_seq = jnp.clip(jnp.searchsorted(tile_ends, tiles, side="right"), 0, q_lens.shape[0] - 1).astype(jnp.int32)
-    tile_valid = tiles < tile_ends[-1]
-    tile_row = (tiles - first_tile[tile_seq]) * block_q
-    return tile_seq, tile_row, tile_valid, first_tile
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_k", "num_warps", "num_stages",
@@ -324,7 +308,7 @@ def paged_prefill_attention(
     # Every sequence adds at most one partial tile to the dense cdiv(T, Bq).
     num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
 
-    tile_seq, tile_row, tile_valid, first_tile = _tile_plan(query_start_loc, block_q, num_tiles)
+    tile_seq, tile_row, tile_valid, first_tile = tile_plan(query_start_loc, block_q, num_tiles)
     q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
     # Clamp as the reference's mask does: a length past the table would count block-0 padding.
     lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[S]
@@ -372,8 +356,20 @@ def paged_prefill_attention(
     return out.reshape(num_tokens, num_q_heads, head_dim)
 
 
+def mosaic_gpu_or_triton(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer=None, *,
+                         scale: float, interpret: bool = False, **knobs) -> jax.Array:
+    """The `pallas_mosaic_gpu` backend: the Mosaic GPU kernel (`paged_attention_mgpu`) where it
+    takes the shape, else the Triton kernel (`paged_prefill_attention`, with `knobs`)."""
+    group = q.shape[1] // k_pages.shape[-4]
+    if paged_attention_mgpu.supports(q.dtype, q.shape[2], k_pages.shape[-2], group) and k_pages.dtype == q.dtype:
+        return paged_attention_mgpu.paged_attention_mgpu(q, k_pages, v_pages, block_tables, context_lens,
+                                                         query_start_loc, layer, scale=scale, interpret=interpret)
+    return paged_prefill_attention(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer,
+                                   scale=scale, interpret=interpret, **knobs)
+
+
 IMPLS = {"xla": paged_prefill_attention_xla, "cpu_native": native_cpu.paged_prefill_attention_cpu,
-         "pallas_triton": paged_prefill_attention}
+         "pallas_triton": paged_prefill_attention, "pallas_mosaic_gpu": mosaic_gpu_or_triton}
 
 
 def select_impl(backend: str = "auto", *, interpret: bool = False, **knobs):

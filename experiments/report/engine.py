@@ -190,6 +190,9 @@ def spec_decode(results: dict, figures: Figures) -> str:
     if "spec_decode_sweep" in results:
         out += ("Where it stops paying, without a batch threshold (this sweep set the threshold above): "
                 + _spec_table(results["spec_decode_sweep"], "spec_decode_sweep") + "\n\n")
+    if "spec_decode_lookup" in results:
+        out += ("Prompt lookup's settings: matching the last token alone (`prompt_lookup_min: 1`) drafts in more "
+                "steps: " + _spec_table(results["spec_decode_lookup"], "spec_decode_lookup") + "\n\n")
     if "spec_serve" in results:
         out += _spec_serve(results["spec_serve"]) + "\n\n"
     if "spec_decode_vllm" in results:
