@@ -79,7 +79,7 @@ def _kernel(layer_ref, meta_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, q_smem,
             return jnp.dot(a, b, preferred_element_type=jnp.float32)
 
         def run(acc_ref):
-            plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_smem, (1, 0)) if transpose_b else b_smem)
+            plgpu.wgmma(acc_ref, a, b_smem.transpose((1, 0)) if transpose_b else b_smem)
             return acc_ref[...]
 
         columns = b_smem.shape[0] if transpose_b else b_smem.shape[1]
