@@ -1,10 +1,15 @@
-"""Speculative decoding served: `jpaged serve` with and without it, driven by `jpaged bench-serving`.
+"""Speculative decoding served: `jpaged serve` with and without it, driven by `jpaged bench-serving`
+or by vLLM's own `vllm bench serve`.
 
     python -m experiments.bench.spec_serve --config configs/spec_serve.yaml
+    JPAGED_VLLM_PYTHON=... python -m experiments.bench.spec_serve --config configs/spec_serve_vllm_client.yaml
 
 Two servers of the same model and engine arguments, one with the config's `--speculative-config`,
-serve the same `jpaged bench-serving` workload (vLLM benchmark_serving's client and metrics) at
-each request rate of the config, interleaved, each repeat rotating which goes first. At a low
+serve the same workload at each request rate of the config, interleaved, each repeat rotating
+which goes first: `client: jpaged` runs `jpaged bench-serving` (vLLM benchmark_serving's client
+and metrics, the config's dataset); `client: vllm` runs `vllm bench serve` from vLLM's
+environment (`vllm_python` or $JPAGED_VLLM_PYTHON, experiments.vllm_side) on its random dataset
+(`random_input_len` / `random_output_len`, `ignore_eos`, the config's `temperature`). At a low
 rate few requests run at once, where speculation pays on this CPU; at rate inf every request
 arrives at once and the threshold (`disable_by_batch_size`) turns it off. Per run: output tok/s,
 mean and median TPOT and TTFT, the server's CPU seconds, the load, and the speculative server's
@@ -26,6 +31,7 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
+from experiments.vllm_side import vllm_bench_serve, vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +51,18 @@ class SpecServeConfig:
     request_rates: tuple[float, ...] = (1.0, float("inf"))
     repeats: int = 3
     seed: int = 0
+    client: str = "jpaged"  # jpaged (jpaged bench-serving) | vllm (vllm bench serve)
+    vllm_python: str = ""  # client vllm: vLLM's interpreter ("": $JPAGED_VLLM_PYTHON)
+    random_input_len: int = 128  # client vllm: its random dataset's lengths
+    random_output_len: int = 128
+    temperature: float | None = None  # client vllm: None leaves the client's default (1.0)
     output: str = "results/spec_serve.json"
 
     def __post_init__(self) -> None:
         if min(self.repeats, self.num_prompts) < 1 or not self.request_rates:
             raise ValueError("repeats and num_prompts must be >= 1, request_rates non-empty")
+        if self.client not in ("jpaged", "vllm"):
+            raise ValueError(f"client: must be 'jpaged' or 'vllm', got {self.client!r}")
 
 
 def spec_counters(base_url: str) -> dict[str, float]:
@@ -64,14 +77,25 @@ def spec_counters(base_url: str) -> dict[str, float]:
     return totals
 
 
-def one_run(server, config: SpecServeConfig, rate: float) -> dict:
-    """One bench-serving run at `rate`, with the spec-decode counters it moved."""
+def one_run(server, config: SpecServeConfig, rate: float, python: str = "") -> dict:
+    """One client run at `rate` (`python`: vLLM's, for `client: vllm`), with the spec-decode
+    counters it moved."""
     before = spec_counters(server.base_url)
-    report = bench_serving(server, ["--dataset", config.dataset, "--num-prompts", str(config.num_prompts),
-                                    "--request-rate", str(rate), "--length-scale", str(config.length_scale),
-                                    "--seed", str(config.seed), "--tokenizer", config.model])
+    if config.client == "vllm":
+        args = ["--backend", "openai", "--model", config.model, "--tokenizer", config.model, "--dataset-name", "random",
+                "--random-input-len", str(config.random_input_len), "--random-output-len",
+                str(config.random_output_len), "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
+                "--ignore-eos", "--seed", str(config.seed)]
+        if config.temperature is not None:
+            args += ["--temperature", str(config.temperature)]
+        s = vllm_bench_serve(server, python, args)
+        report = {"server_cpu_s": s["server_cpu_s"], "load_average": s["load_average"]}
+    else:
+        report = bench_serving(server, ["--dataset", config.dataset, "--num-prompts", str(config.num_prompts),
+                                        "--request-rate", str(rate), "--length-scale", str(config.length_scale),
+                                        "--seed", str(config.seed), "--tokenizer", config.model])
+        s = report["summary"]
     after = spec_counters(server.base_url)
-    s = report["summary"]
     drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get("vllm:spec_decode_num_drafts", 0)
     accepted = (after.get("vllm:spec_decode_num_accepted_tokens", 0)
                 - before.get("vllm:spec_decode_num_accepted_tokens", 0))
@@ -84,6 +108,9 @@ def one_run(server, config: SpecServeConfig, rate: float) -> dict:
 
 def run(config: SpecServeConfig) -> dict:
     """Both servers, a warm-up run each, then interleaved runs per rate; returns and writes them."""
+    python = vllm_python(config.vllm_python) if config.client == "vllm" else ""
+    if config.client == "vllm" and (reason := vllm_unavailable(python)):
+        raise ValueError(f"vllm_python: {reason}")
     runs: list[dict] = []
     with contextlib.ExitStack() as stack:
         servers = {}
@@ -94,11 +121,11 @@ def run(config: SpecServeConfig) -> dict:
             servers[side] = stack.enter_context(serving(f"jpaged-{side}", command, port))
         for rate in config.request_rates:
             for side in servers:  # warm-up (the grid is compiled already; this fills the caches)
-                one_run(servers[side], config, rate)
+                one_run(servers[side], config, rate, python)
             for repeat in range(config.repeats):
                 order = list(servers)[repeat % 2:] + list(servers)[: repeat % 2]
                 for side in order:
-                    result = one_run(servers[side], config, rate)
+                    result = one_run(servers[side], config, rate, python)
                     runs.append({"rate": rate, "repeat": repeat, "side": side, **result})
                     log.info("rate %s %s repeat %d: %.0f tok/s, median TPOT %.1f ms", rate, side, repeat,
                              result["output_tok_s"], result["median_tpot_ms"])

@@ -5,7 +5,7 @@
 
 The client is `jpaged bench-serving` (ShareGPT- or Alpaca-shaped traces, greedy) or vLLM's own
 `vllm bench serve` (`client: vllm`: its random dataset, its default sampling — temperature 1 —
-or `temperature`; experiments.peers.vllm_bench), run from vLLM's environment.
+or `temperature`; experiments.vllm_side.vllm_bench_serve), run from vLLM's environment.
 
 Both serve the same local Hugging Face directory (the asset model) with the same settings: dtype,
 block size (vLLM's CPU attention takes multiples of 32), KV slots (vLLM: --kv-cache-memory-bytes
@@ -33,8 +33,7 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from experiments.peers.vllm_bench import vllm_bench_serve
-from experiments.vllm_side import KV_BYTES_PER_TOKEN, server_command, vllm_python, vllm_unavailable
+from experiments.vllm_side import KV_BYTES_PER_TOKEN, server_command, vllm_bench_serve, vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
 
