@@ -195,6 +195,8 @@ def spec_decode(results: dict, figures: Figures) -> str:
                 "steps: " + _spec_table(results["spec_decode_lookup"], "spec_decode_lookup") + "\n\n")
     if "spec_serve" in results:
         out += _spec_serve(results["spec_serve"]) + "\n\n"
+    if "spec_serve_vllm_client" in results:
+        out += _spec_serve(results["spec_serve_vllm_client"], "spec_serve_vllm_client") + "\n\n"
     if "spec_decode_vllm" in results:
         out += _spec_vllm(results["spec_decode_vllm"]) + "\n\n"
     return out + ("The verify step costs what a decode costs while its tokens stay inside the decode's token bucket "
@@ -253,8 +255,9 @@ def _spec_vllm(r: dict) -> str:
             f"`disable_by_batch_size`: its configs are `{json.dumps(peer['speculative'])}`.\n\n" + "\n".join(rows))
 
 
-def _spec_serve(r: dict) -> str:
-    """The served comparison: `jpaged serve` with and without speculation under bench-serving."""
+def _spec_serve(r: dict, config: str = "spec_serve") -> str:
+    """The served comparison: `jpaged serve` with and without speculation under a benchmark client
+    (`jpaged bench-serving`, or vLLM's `vllm bench serve` with `client: vllm`)."""
     prov, cfg = r["provenance"], r["provenance"]["config"]
     loads = [run["load_average"][0] for run in r["runs"]]
     rows = ["| request rate | off tok/s | with tok/s | tok/s ratio (runs) | median TPOT off / with (ms) | TPOT ratio | "
@@ -265,8 +268,12 @@ def _spec_serve(r: dict) -> str:
                     f"{row['tok_s_ratio_median']:.2f}x ({', '.join(f'{x:.2f}' for x in row['tok_s_ratios'])}) | "
                     f"{row['off_median_tpot_ms']:.1f} / {row['spec_median_tpot_ms']:.1f} | "
                     f"**{row['tpot_ratio_median']:.2f}x** | {'—' if length is None else f'{length:.2f}'} |")
-    return (f"Served: {command('bench.spec_serve')} at `{prov.get('git_sha', '?')[:12]}` (load average "
+    if cfg.get("client") == "vllm":
+        client = (f"vLLM's `vllm bench serve` (random {cfg['random_input_len']} / {cfg['random_output_len']} tokens, "
+                  f"temperature {cfg['temperature']}, ignore_eos")
+    else:
+        client = f"`jpaged bench-serving` ({cfg['dataset']} lengths x {cfg['length_scale']}"
+    return (f"Served: {command('bench.spec_serve', config)} at `{prov.get('git_sha', '?')[:12]}` (load average "
             f"{min(loads):.1f}–{max(loads):.1f}): two `jpaged serve` processes, without and with "
-            f"`--speculative-config '{json.dumps(cfg['speculative'])}'`, driven by `jpaged bench-serving` "
-            f"({cfg['dataset']} lengths x {cfg['length_scale']}, {cfg['num_prompts']} requests per run, "
-            f"{cfg['repeats']} interleaved repeats):\n\n" + "\n".join(rows))
+            f"`--speculative-config '{json.dumps(cfg['speculative'])}'`, driven by {client}, "
+            f"{cfg['num_prompts']} requests per run, {cfg['repeats']} interleaved repeats):\n\n" + "\n".join(rows))
