@@ -123,21 +123,28 @@ def test_grid_covers_a_draft_models_programs(tmp_path):
     spec = get_preset("tiny-llama")
     write_hf_dir(tmp_path / "draft", spec, decoder.init_params(spec, seed=0), HF_CONFIGS["tiny-llama"])
     engine, _ = load_engine("tiny-llama", **SMALL, speculative_config={
-        "method": "draft_model", "model": str(tmp_path / "draft"), "num_speculative_tokens": 3})
+        "method": "draft_model", "model": str(tmp_path / "draft"), "num_speculative_tokens": 3,
+        "disable_by_batch_size": 3})
     programs = warmup.grid(engine.config)
     assert sum(isinstance(p, warmup.DraftLoop) for p in programs) == 1  # verify steps of <= 2 sequences: S = 8
     report = warmup.compile_grid(engine.executor, engine.config, progress=False)
     assert report["num_compilations"] == report["num_programs"] == len(programs)
     rng = random.Random(1)
     # One greedy request (3 drafts a step), two samples forking a prompt (copy-on-write in both
-    # pools), two greedy requests (1 draft each a step).
+    # pools), two greedy requests (1 draft each a step), then three (speculation off, the draft
+    # resting) of which two end early: the last one's draft K/V catches up before it drafts.
     loads = [[SamplingParams(max_tokens=20, ignore_eos=True)],
              [SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=12, ignore_eos=True)],
-             [SamplingParams(max_tokens=12, ignore_eos=True)] * 2]
+             [SamplingParams(max_tokens=12, ignore_eos=True)] * 2,
+             [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 5, 20)]]
+    plans = []
+    launch = engine.executor.launch
+    engine.executor.launch = lambda plan: plans.append(plan) or launch(plan)
     with backend_compiles() as compiles:
         for params in loads:
             prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(1, 30))] for _ in params]
             assert all(out.finished for out in engine.generate(prompts, params, use_tqdm=False))
+    assert any(not p.draft_mirror for p in plans) and any(p.draft_catchup is not None for p in plans)
     stats = engine.kv_stats()
     assert stats["spec_accepted_per_pos"][2] > 0 and stats["spec_num_accepted_tokens"] > 0
     assert stats["num_compilations"] == report["num_compilations"]
