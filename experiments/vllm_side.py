@@ -62,6 +62,16 @@ METRICS = ("completed", "failed", "duration", "total_output_tokens", "request_th
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms")
 
 
+def random_dataset_args(model: str, *, input_len: int, output_len: int, num_prompts: int, rate: float, seed: int,
+                        temperature: float | None) -> list[str]:
+    """`vllm bench serve`'s arguments for its random dataset against an OpenAI server of `model`,
+    end of text ignored; `temperature` None leaves the client's default (1.0)."""
+    args = ["--backend", "openai", "--model", model, "--tokenizer", model, "--dataset-name", "random",
+            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts",
+            str(num_prompts), "--request-rate", str(rate), "--ignore-eos", "--seed", str(seed)]
+    return args if temperature is None else args + ["--temperature", str(temperature)]
+
+
 def vllm_bench_serve(server, python: str, args: list[str]) -> dict:
     """Runs `vllm bench serve --base-url <server> <args>` with vLLM's `python`; its METRICS plus
     server_cpu_s, wall_s and load_average. Raises RuntimeError naming the errors if any request failed."""

@@ -361,3 +361,48 @@ def tile_plan(query_start_loc, block_q: int, num_tiles: int):
     tile_valid = tiles < tile_ends[-1]
     tile_row = (tiles - first_tile[tile_seq]) * block_q
     return tile_seq, tile_row, tile_valid, first_tile
+
+
+def query_tiles(q, block_tables, context_lens, query_start_loc, *, num_kv_heads: int, block_q: int,
+                group_pad: int, pages_per_chunk: int):
+    """The Pallas prefill kernels' inputs for the tile plan of `block_q` tokens a tile (`tile_plan`;
+    each sequence adds at most one partial tile to the dense cdiv(T, Bq)).
+
+    Args: q [T, Hq, D], block_tables i32[S, M], context_lens i32[S] (clamped to the table by the
+    caller), query_start_loc i32[S + 1] as the references take them; group_pad: the GQA group padded
+    to a power of two (Gp); pages_per_chunk: the kernel's blocks per key step.
+
+    Returns (meta i32[NT, 2]: each tile's context length, 0 for an empty tile, and its first query
+    position; tables i32[NT, M_pad]: its sequence's block table, padded to whole key steps;
+    q_tiles [NT, Hkv, Bq * Gp, D]: row r is token r // Gp, query head r % Gp of the KV head's group,
+    rows past a sequence's range clamped copies, discarded by `tokens_from_tiles`; first_tile i32[S]).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs, max_blocks = block_tables.shape
+    group = num_q_heads // num_kv_heads
+    num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
+    tile_seq, tile_row, tile_valid, first_tile = tile_plan(query_start_loc, block_q, num_tiles)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
+    meta = jnp.stack([jnp.where(tile_valid, context_lens[tile_seq], 0),
+                      context_lens[tile_seq] - q_lens[tile_seq] + tile_row], axis=1).astype(jnp.int32)
+    tables = jnp.pad(block_tables, ((0, 0), (0, -max_blocks % pages_per_chunk)))[tile_seq]  # i32[NT, M_pad]
+    token_of = query_start_loc[tile_seq][:, None] + tile_row[:, None] + jnp.arange(block_q)  # [NT, Bq]
+    qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [T, Hkv, Gp, D]
+    q_tiles = qg[jnp.clip(token_of, 0, num_tokens - 1)]  # [NT, Bq, Hkv, Gp, D]
+    q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_kv_heads, block_q * group_pad, head_dim)
+    return meta, tables, q_tiles, first_tile
+
+
+def tokens_from_tiles(o_tiles, query_start_loc, context_lens, first_tile, *, num_tokens: int, block_q: int,
+                      group: int):
+    """A kernel's output tiles [NT, Hkv, Bq * Gp, D] (`query_tiles`' layout) in token order,
+    [T, Hq, D]: token t of sequence s is row (t - start_s) % Bq of tile first_tile[s] +
+    (t - start_s) // Bq; rows no sequence owns are zeros."""
+    num_tiles, num_kv_heads, rows, head_dim = o_tiles.shape
+    seq_ids, _, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
+    offset = jnp.arange(num_tokens) - query_start_loc[seq_ids]  # i32[T]
+    o_tiles = o_tiles.reshape(num_tiles, num_kv_heads, block_q, rows // block_q, head_dim)
+    out = o_tiles[first_tile[seq_ids] + offset // block_q, :, offset % block_q]  # [T, Hkv, Gp, D]
+    out = jnp.where(row_valid[:, None, None, None], out[:, :, :group], 0)
+    return out.reshape(num_tokens, num_kv_heads * group, head_dim)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common import check_prefill_shapes, next_power_of_2, tile_plan, token_positions
+from pallas_kernels.common import check_prefill_shapes, next_power_of_2, query_tiles, tokens_from_tiles
 
 ROWS = 64  # query rows of a tile: one warpgroup's WGMMA M
 BLOCK_KV = 64  # keys a step
@@ -168,8 +168,8 @@ def paged_attention_mgpu(
     """
     k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
-    num_seqs, max_blocks = block_tables.shape
+    _, num_kv_heads, _, block_size, _ = k_pages.shape
+    max_blocks = block_tables.shape[1]
     group = num_q_heads // num_kv_heads
     if not supports(q.dtype, head_dim, block_size, group) or k_pages.dtype != q.dtype:
         raise ValueError(f"paged_attention_mgpu: takes {[jnp.dtype(d).name for d in DTYPES]} (q and pools alike), "
@@ -180,18 +180,10 @@ def paged_attention_mgpu(
     group_pad = next_power_of_2(group)
     block_q = ROWS // group_pad
     pages = BLOCK_KV // block_size
-    num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs  # each sequence adds at most one partial tile
-    tile_seq, tile_row, tile_valid, first_tile = tile_plan(query_start_loc, block_q, num_tiles)
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
     lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[S]: a length past the table reads padding
-    meta = jnp.stack([jnp.where(tile_valid, lens[tile_seq], 0), lens[tile_seq] - q_lens[tile_seq] + tile_row],
-                     axis=1).astype(jnp.int32)  # i32[NT, 2]
-    tables = jnp.pad(block_tables, ((0, 0), (0, -max_blocks % pages)))[tile_seq]  # i32[NT, M_pad]
-    token_of = query_start_loc[tile_seq][:, None] + tile_row[:, None] + jnp.arange(block_q)  # [NT, Bq]
-    qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [T, Hkv, Gp, D]
-    q_tiles = qg[jnp.clip(token_of, 0, num_tokens - 1)]  # [NT, Bq, Hkv, Gp, D]
-    q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_kv_heads, ROWS, head_dim)
+    meta, tables, q_tiles, first_tile = query_tiles(q, block_tables, lens, query_start_loc, num_kv_heads=num_kv_heads,
+                                                    block_q=block_q, group_pad=group_pad, pages_per_chunk=pages)
+    num_tiles = meta.shape[0]
 
     # Shared-memory tiles in the layout WGMMA reads: 8 x 64 tiles, 128-byte swizzle (64 bf16 per row).
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -211,10 +203,5 @@ def paged_attention_mgpu(
         ],
     )(layer.reshape(1), meta, tables, q_tiles, k_pages, v_pages)
 
-    # Back to token order, as the Triton wrapper does.
-    seq_ids, _, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
-    offset = jnp.arange(num_tokens) - query_start_loc[seq_ids]  # i32[T]
-    o_tiles = o_tiles.reshape(num_tiles, num_kv_heads, block_q, group_pad, head_dim)
-    out = o_tiles[first_tile[seq_ids] + offset // block_q, :, offset % block_q]  # [T, Hkv, Gp, D]
-    out = jnp.where(row_valid[:, None, None, None], out[:, :, :group], 0)
-    return out.reshape(num_tokens, num_q_heads, head_dim)
+    return tokens_from_tiles(o_tiles, query_start_loc, context_lens, first_tile, num_tokens=num_tokens,
+                             block_q=block_q, group=group)

@@ -42,8 +42,10 @@ from pallas_kernels.common import (
     init_softmax_state,
     next_power_of_2,
     online_softmax_step,
+    query_tiles,
     tile_plan,
     token_positions,
+    tokens_from_tiles,
     xla_softmax_finish,
     xla_softmax_init,
     xla_softmax_step,
@@ -288,7 +290,7 @@ def paged_prefill_attention(
     k_pages, v_pages, layer = check_prefill_shapes(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer)
     num_tokens, num_q_heads, head_dim = q.shape
     num_layers, num_kv_heads, num_blocks, block_size, _ = k_pages.shape
-    num_seqs, max_blocks = block_tables.shape
+    max_blocks = block_tables.shape[1]
     group = num_q_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     check_tile("head_dim", head_dim, minimum=MIN_DOT_DIM)
@@ -305,25 +307,12 @@ def paged_prefill_attention(
     num_warps = num_warps or tile.num_warps(block_k=pages_per_chunk * block_size)
     launch.check_launch("paged prefill attention", current_target(), tile, block_k=pages_per_chunk * block_size,
                         num_stages=num_stages, num_warps=num_warps)
-    # Every sequence adds at most one partial tile to the dense cdiv(T, Bq).
-    num_tiles = pl.cdiv(num_tokens, block_q) + num_seqs
-
-    tile_seq, tile_row, tile_valid, first_tile = tile_plan(query_start_loc, block_q, num_tiles)
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # i32[S]
     # Clamp as the reference's mask does: a length past the table would count block-0 padding.
     lens = jnp.minimum(context_lens, max_blocks * block_size)  # i32[S]
-    tile_len = jnp.where(tile_valid, lens[tile_seq], 0)  # i32[NT]
-    tile_pos = lens[tile_seq] - q_lens[tile_seq] + tile_row  # i32[NT]
-    meta = jnp.stack([tile_len, tile_pos], axis=1).astype(jnp.int32)  # i32[NT, 2]
-    pad_blocks = pl.cdiv(max_blocks, pages_per_chunk) * pages_per_chunk - max_blocks
-    tables = jnp.pad(block_tables, ((0, 0), (0, pad_blocks)))[tile_seq]  # i32[NT, M_pad]
-
-    # Gather query rows into tiles; rows past a sequence's range are clamped copies, discarded later.
-    token_of = query_start_loc[tile_seq][:, None] + tile_row[:, None] + jnp.arange(block_q)  # [NT, Bq]
-    qg = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))  # [T, Hkv, Gp, D]
-    q_tiles = qg[jnp.clip(token_of, 0, num_tokens - 1)]  # [NT, Bq, Hkv, Gp, D]
-    q_tiles = q_tiles.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_kv_heads, rows, head_dim)
+    meta, tables, q_tiles, first_tile = query_tiles(q, block_tables, lens, query_start_loc, num_kv_heads=num_kv_heads,
+                                                    block_q=block_q, group_pad=group_pad,
+                                                    pages_per_chunk=pages_per_chunk)
+    num_tiles = meta.shape[0]
 
     # A program sees its KV head's pages of every layer and picks the layer itself: a BlockSpec
     # index map cannot read the (traced) layer under the Triton lowering.
@@ -347,13 +336,8 @@ def paged_prefill_attention(
         name="paged_prefill_attention",
     )(layer.reshape(1), meta, tables, q_tiles, k_pages, v_pages)
 
-    # Back to token order: token t is row (t - start) % Bq of tile first_tile[s] + (t - start) // Bq.
-    seq_ids, _, row_valid = token_positions(query_start_loc, context_lens, num_tokens)
-    offset = jnp.arange(num_tokens) - query_start_loc[seq_ids]  # i32[T]
-    o_tiles = o_tiles.reshape(num_tiles, num_kv_heads, block_q, group_pad, head_dim)
-    out = o_tiles[first_tile[seq_ids] + offset // block_q, :, offset % block_q]  # [T, Hkv, Gp, D]
-    out = jnp.where(row_valid[:, None, None, None], out[:, :, :group], 0)
-    return out.reshape(num_tokens, num_q_heads, head_dim)
+    return tokens_from_tiles(o_tiles, query_start_loc, context_lens, first_tile, num_tokens=num_tokens,
+                             block_q=block_q, group=group)
 
 
 def mosaic_gpu_or_triton(q, k_pages, v_pages, block_tables, context_lens, query_start_loc, layer=None, *,

@@ -31,7 +31,7 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from experiments.vllm_side import vllm_bench_serve, vllm_python, vllm_unavailable
+from experiments.vllm_side import random_dataset_args, vllm_bench_serve, vllm_python, vllm_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,9 @@ def one_run(server, config: SpecServeConfig, rate: float, python: str = "") -> d
     counters it moved."""
     before = spec_counters(server.base_url)
     if config.client == "vllm":
-        args = ["--backend", "openai", "--model", config.model, "--tokenizer", config.model, "--dataset-name", "random",
-                "--random-input-len", str(config.random_input_len), "--random-output-len",
-                str(config.random_output_len), "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
-                "--ignore-eos", "--seed", str(config.seed)]
-        if config.temperature is not None:
-            args += ["--temperature", str(config.temperature)]
+        args = random_dataset_args(config.model, input_len=config.random_input_len,
+                                   output_len=config.random_output_len, num_prompts=config.num_prompts, rate=rate,
+                                   seed=config.seed, temperature=config.temperature)
         s = vllm_bench_serve(server, python, args)
         report = {"server_cpu_s": s["server_cpu_s"], "load_average": s["load_average"]}
     else:

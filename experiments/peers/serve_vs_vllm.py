@@ -33,7 +33,8 @@ from typing import Any
 from experiments.bench.serve_common import bench_serving, free_port, serving
 from experiments.bench.serve_vs_offline import serve_flags
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from experiments.vllm_side import KV_BYTES_PER_TOKEN, server_command, vllm_bench_serve, vllm_python, vllm_unavailable
+from experiments.vllm_side import (KV_BYTES_PER_TOKEN, random_dataset_args, server_command, vllm_bench_serve,
+                                   vllm_python, vllm_unavailable)
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +100,9 @@ def one_run(server, config: ServeVsVllmConfig, rate: float, python: str) -> dict
     """One benchmark run against `server` with the configured client: its metrics (vLLM's names),
     the server's CPU seconds, the client's, wall time and the load average."""
     if config.client == "vllm":
-        args = ["--backend", "openai", "--model", config.model, "--tokenizer", config.model, "--dataset-name", "random",
-                "--random-input-len", str(config.random_input_len), "--random-output-len",
-                str(config.random_output_len), "--num-prompts", str(config.num_prompts), "--request-rate", str(rate),
-                "--ignore-eos", "--seed", str(config.seed)]
-        if config.temperature is not None:
-            args += ["--temperature", str(config.temperature)]
+        args = random_dataset_args(config.model, input_len=config.random_input_len,
+                                   output_len=config.random_output_len, num_prompts=config.num_prompts, rate=rate,
+                                   seed=config.seed, temperature=config.temperature)
         result = vllm_bench_serve(server, python, args)
         result["duration_s"] = result.pop("duration")
         return result

@@ -36,3 +36,14 @@ def test_server_command_gives_vllm_the_same_kv_slots_and_limits():
     assert flags["--kv-cache-memory-bytes"] == str(131072 * 2048) and flags["--block-size"] == "32"
     assert (flags["--max-num-seqs"], flags["--max-num-batched-tokens"], flags["--max-model-len"]) == ("256", "2048", "512")
     assert "--no-enable-prefix-caching" in command
+
+
+def test_random_dataset_args_send_a_temperature_only_when_given():
+    args = vllm_side.random_dataset_args("assets/stdlib-lm", input_len=128, output_len=64, num_prompts=10,
+                                         rate=float("inf"), seed=3, temperature=None)
+    flags = dict(zip(args[::2], args[1::2]))
+    assert flags["--dataset-name"] == "random" and flags["--random-output-len"] == "64" and "--ignore-eos" in args
+    assert "--temperature" not in args  # the client's default (1.0), as vLLM's benchmark sends it
+    greedy = vllm_side.random_dataset_args("m", input_len=1, output_len=1, num_prompts=1, rate=4.0, seed=0,
+                                           temperature=0.0)
+    assert greedy[-2:] == ["--temperature", "0.0"] and greedy[greedy.index("--request-rate") + 1] == "4.0"
