@@ -84,6 +84,7 @@ def _kernel(layer_ref, meta_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, q_smem,
 
         columns = b_smem.shape[0] if transpose_b else b_smem.shape[1]
         return pl.run_scoped(run, plgpu.ACC((ROWS, columns), jnp.float32))
+
     positions = first_pos + rows // group_pad  # [64, 64] each row's position
 
     def step(c, carry):
