@@ -70,10 +70,11 @@ def _top_p_floor(weights: jax.Array, top_p: jax.Array) -> jax.Array:
     return _largest_passing(passes, jnp.zeros_like(goal, jnp.uint32), jnp.max(bits, -1) + 1)
 
 
-def inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+def inverse_cdf(weights: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
     """i32[R] index drawn with probability weights / sum from f32[R, V] >= 0 and one uniform
     u f32[R] in [0, 1): the first index whose cumulative weight exceeds u x total, searched by
-    blocks. A row of zero weights gives garbage (the caller replaces it)."""
+    blocks; and bool[R], the row had weight (a row of zero weights gives a garbage index, which
+    the caller replaces)."""
     rows, vocab = weights.shape
     pad = -vocab % _BLOCK
     blocks = jnp.pad(weights, ((0, 0), (0, pad))).reshape(rows, -1, _BLOCK)  # [R, NB, 64]
@@ -88,7 +89,7 @@ def inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
     chosen = jnp.take_along_axis(blocks, b[:, None, None], 1)[:, 0]  # [R, 64]
     inside = before[:, None] + jnp.cumsum(chosen, -1)
     j = jnp.minimum(jnp.sum(inside <= target[:, None], -1), last(chosen))
-    return (b * _BLOCK + j).astype(jnp.int32)
+    return (b * _BLOCK + j).astype(jnp.int32), cum[:, -1] > 0  # (the total from the block sums: no pass of its own)
 
 
 def _exclusive_prefix(w: jax.Array) -> jax.Array:
@@ -139,7 +140,7 @@ def _full_vocabulary(scaled, top_k, top_p, min_p, keys, elsewhere):
 
     weights = jax.lax.cond(jnp.any(~elsewhere & (top_p < 1.0)), top_p_pass, lambda weights: weights, weights)
     u = jax.vmap(jax.random.uniform)(keys)
-    return inverse_cdf(weights, u), jnp.sum(weights, -1) > 0
+    return inverse_cdf(weights, u)
 
 
 def draw(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array,

@@ -5,6 +5,8 @@ controls give vLLM's processed logits exactly."""
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jpaged.core.sampling_controls import build_controls
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
@@ -58,10 +60,23 @@ def test_greedy_tokens_equal_argmax_on_ties_infinities_and_nan():
     logits[2, [5, 30]] = np.inf
     logits[3, [11, 20]] = np.nan  # argmax returns the first NaN
     logits[4, 0] = np.nan
-    row_max = np.max(logits, axis=-1, keepdims=True)
-    got = np.asarray(greedy_tokens(jax.numpy.asarray(logits), jax.numpy.asarray(row_max)))
+    logits[5, [2, 30]] = [np.nan, 50.0]  # the first NaN, also before the max
+    got = np.asarray(greedy_tokens(jax.numpy.asarray(logits), jax.numpy.asarray(True)))
     np.testing.assert_array_equal(got, np.asarray(jax.numpy.argmax(jax.numpy.asarray(logits), axis=-1)))
-    np.testing.assert_array_equal(got[:5], [3, 0, 5, 11, 0])
+    np.testing.assert_array_equal(got, [3, 0, 5, 11, 0, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([4096, 4000, 96, 50, 1000, 31]), st.integers(1, 9), st.integers(0, 2 ** 31 - 1))
+def test_greedy_tokens_by_blocks_equal_argmax(vocab, rows, seed):
+    """The block pass (and jnp.argmax where no divisor from 16 to 128 exists), on NaN-free rows against
+    np.argmax, on rows with ties of the max across and inside blocks, and infinities."""
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(-4, 4, size=(rows, vocab)).astype(np.float32)  # small integers: many ties
+    logits[rng.random((rows, vocab)) < 0.01] = np.inf
+    logits[rng.random((rows, vocab)) < 0.3] = -np.inf
+    got = np.asarray(greedy_tokens(jax.numpy.asarray(logits), jax.numpy.asarray(False)))
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
 
 
 # ---------------------------------------------------------------- the random draw against vLLM's definition
