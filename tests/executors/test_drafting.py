@@ -39,15 +39,14 @@ def _verify(lengths: list[int], drafts: list[int]):
 def test_the_draft_loop_computes_each_sequences_verify_positions_then_pads():
     plan = _verify([6, 3], [3, 1])  # rows 0-3: t5, d1..d3 of sequence 0; rows 4-5: t2, d1 of sequence 1
     inputs = draft_inputs(plan, 3, max_blocks_per_seq=16)
-    assert inputs.num_steps == 4 and inputs.positions.shape == (4, 8)
+    assert inputs.num_steps == 4 and inputs.positions.shape == (4, 2)  # two sequences: S = 2
     assert inputs.first_tokens[:2].tolist() == [6, 13]
     assert inputs.positions[:, :2].tolist() == [[5, 2], [6, 3], [7, 0], [8, 0]]
     np.testing.assert_array_equal(inputs.slot_mapping[:, 0], plan.slot_mapping[:4])
     assert inputs.slot_mapping[:2, 1].tolist() == plan.slot_mapping[4:6].tolist()
     assert inputs.slot_mapping[2:, 1].tolist() == [0, 0]  # past its one draft: block 0
     assert inputs.context_lens[:, :2].tolist() == [[6, 3], [7, 4], [8, 1], [9, 1]]
-    assert (inputs.context_lens[:, 2:] == 1).all() and (inputs.slot_mapping[:, 2:] == 0).all()
-    assert inputs.block_tables.shape == (8, 16)
+    assert inputs.block_tables.shape == (2, 16)
     np.testing.assert_array_equal(inputs.block_tables[:2, : plan.block_tables.shape[1]], plan.block_tables[:2])
     # d_j of a sequence is step j - 1's argmax; step 3 of sequence 0 only writes d_3's K/V.
     picked = np.arange(100, 132, dtype=np.int32).reshape(4, 8)  # picked[j, s] = 100 + 8 j + s
@@ -55,6 +54,16 @@ def test_the_draft_loop_computes_each_sequences_verify_positions_then_pads():
     assert filled.token_ids[:6].tolist() == [6, 100, 108, 116, 13, 101]
     assert plan.token_ids[1] == PLACEHOLDER  # the scheduler's plan is left as it was
     assert checked_drafts(filled.sampling, filled.token_ids).tolist() == [100, 108, 116, -1, 101, -1]
+
+
+def test_the_draft_loop_pads_to_a_power_of_two():
+    plan = _verify([6, 3, 4], [2, 1, 1])  # three sequences: S = 4, row 3 padding
+    inputs = draft_inputs(plan, 2, max_blocks_per_seq=16)
+    assert inputs.positions.shape == (3, 4) and inputs.block_tables.shape == (4, 16)
+    # A padded row computes one token at slot 0 of reserved block 0, one token of context.
+    assert (inputs.context_lens[:, 3] == 1).all() and (inputs.slot_mapping[:, 3] == 0).all()
+    assert (inputs.positions[:, 3] == 0).all() and (inputs.block_tables[3] == 0).all()
+    assert draft_inputs(_verify([5], [2]), 2, max_blocks_per_seq=16).positions.shape == (3, 1)  # batch 1: S = 1
 
 
 def test_a_sequence_without_drafts_computes_its_token_alone():
