@@ -88,7 +88,7 @@ def packed_in_features(packed: jax.Array) -> int:
 
 @functools.partial(jax.jit, static_argnames=("out_features", "bf16_path"))
 def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, out_features: int,
-           bf16_path: str = "auto") -> jax.Array:
+           bf16_path: str = "auto", rows_in_use: jax.Array | None = None) -> jax.Array:
     """x . W (+ bias) by the native kernel, W given as `pack(W)`.
 
     The semantics of `nnx.Linear` with `preferred_element_type=float32` (the models' dense layers):
@@ -102,6 +102,8 @@ def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, ou
       out_features: N (the panels pad it to a multiple of 16).
       bf16_path: bf16 weights take AMX where the CPU has it, else AVX-512 BF16, else widen to
         float32 in registers; "avx512_bf16" or "widen" caps that (so the tests run every path).
+      rows_in_use: i32[] (data, not a static shape): only the first this many rows of x [M, K]
+        (its leading axes flattened) are computed, the others are zeros in the result; None: all.
 
     Returns:
       float32 [..., N].
@@ -130,5 +132,7 @@ def matmul(x: jax.Array, packed: jax.Array, bias: jax.Array | None = None, *, ou
     else:
         rows = rows.astype(jnp.float32)
     bias = jnp.zeros((0,), jnp.float32) if bias is None else bias.astype(jnp.float32)  # [N], or [0]: none
+    in_use = jnp.full((1,), rows.shape[0], jnp.int32) if rows_in_use is None else \
+        jnp.reshape(rows_in_use, (1,)).astype(jnp.int32)
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows.shape[0], out_features), jnp.float32))
-    return call(rows, packed, bias, bf16_path=np.int32(BF16_PATHS[bf16_path])).reshape(*lead, out_features)
+    return call(rows, packed, bias, in_use, bf16_path=np.int32(BF16_PATHS[bf16_path])).reshape(*lead, out_features)

@@ -9,11 +9,19 @@ runner merges it into `graphdefs`, the model's and a block's graphdefs with ever
 replaced by a `PackedLinear` (same state names, the same semantics by the native kernel), and
 gives the tied head to `CausalLM.logits` as a `PackedLinear` (`split_head`). Only the runner ever
 holds packed weights (checkpoints keep the plain layout).
+
+`rows_in_use(n)`: while a step is traced inside it, every PackedLinear computes only the first n
+rows (a traced i32[]: the step's real tokens, or its real sequences for the LM head) and leaves
+zeros in the padding rows of the token bucket, as the ragged attention already skips them. A
+context rather than an argument: the Flax modules' call signatures stay those of `nnx.Linear`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -27,6 +35,19 @@ from pallas_kernels import native_dense_cpu
 Params = dict[str, Any]
 HEAD = "packed_head"  # the runner's params key of the tied head's panels: pack(embedding.T)
 DTYPES = ("float32", "bfloat16")  # what `native_dense_cpu.pack` takes
+# i32[] rows of a PackedLinear's input that are real (None: all), set by `rows_in_use` while tracing
+_ROWS_IN_USE: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar("rows_in_use", default=None)
+
+
+@contextlib.contextmanager
+def rows_in_use(count: jax.Array) -> Iterator[None]:
+    """PackedLinears traced inside compute only the first `count` rows of their inputs (flattened
+    to [M, K]); the rest of their outputs are zeros."""
+    token = _ROWS_IN_USE.set(count)
+    try:
+        yield
+    finally:
+        _ROWS_IN_USE.reset(token)
 
 
 class PackedLinear(nnx.Module):
@@ -42,7 +63,8 @@ class PackedLinear(nnx.Module):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """inputs [..., K] -> float32 [..., N]."""
         bias = self.bias[...] if self.bias is not None else None
-        return native_dense_cpu.matmul(inputs, self.kernel[...], bias, out_features=self.out_features)
+        return native_dense_cpu.matmul(inputs, self.kernel[...], bias, out_features=self.out_features,
+                                       rows_in_use=_ROWS_IN_USE.get())
 
 
 def native_dense_reason(params: Params) -> str | None:

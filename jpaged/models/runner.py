@@ -138,6 +138,7 @@ class ModelRunner:
 
     def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
+        rows of padding sequences are not the model's (zeros under the native dense kernel). The
         pool passed in is donated: use only the returned one."""
         logits, _, kv_pool = self._run(kv_pool, plan, None, False)
         return logits, kv_pool
@@ -213,13 +214,19 @@ class ModelRunner:
               want_prompt: jax.Array, want_top: jax.Array, token_ids: jax.Array, positions: jax.Array,
               slot_mapping: jax.Array, block_tables: jax.Array, context_lens: jax.Array,
               query_start_loc: jax.Array, logits_indices: jax.Array):
-        model, head, h, kv_pool = self._forward(write_and_attend, params, kv_pool, token_ids, positions,
-                                                slot_mapping, block_tables, context_lens, query_start_loc)
+        # The real tokens are rows [0, qsl[-1]) and the real sequences rows [0, count of context > 0):
+        # the native dense layers leave the bucket's padding rows at zero instead of computing them.
+        num_tokens, num_seqs = jnp.max(query_start_loc), jnp.sum(context_lens > 0)
+        with packed.rows_in_use(num_tokens):
+            model, head, h, kv_pool = self._forward(write_and_attend, params, kv_pool, token_ids, positions,
+                                                    slot_mapping, block_tables, context_lens, query_start_loc)
         # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
-        logits = model.logits(h[logits_indices], head)
+        with packed.rows_in_use(num_seqs):
+            logits = model.logits(h[logits_indices], head)
 
         def scores():  # every token row's logits [T, V], reduced on device
-            return logprobs.prompt_scores(model.logits(h, head), targets, want_top, self.num_top)
+            with packed.rows_in_use(num_tokens):
+                return logprobs.prompt_scores(model.logits(h, head), targets, want_top, self.num_top)
 
         shapes = jax.eval_shape(scores)
         prompt = jax.lax.cond(want_prompt, scores, lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))

@@ -8,7 +8,9 @@
 // stream (read once per call from memory, then from cache for the other row tiles), and a register
 // tile of kRows x kPanels accumulators does kRows * kPanels multiply-adds per kPanels vector loads.
 //
-// Shapes: out f32[M, N] = x [M, K] . W [K, N] (+ bias f32[N]; f32[0]: no bias).
+// Shapes: out f32[M, N] = x [M, K] . W [K, N] (+ bias f32[N]; f32[0]: no bias), computed for the
+// first rows_in_use rows (s32[1], clamped to [0, M]); the rows after it are zeros. A model step's
+// rows past its real tokens are padding to a token bucket: up to a third of the rows.
 //   float32:  x f32[M, K],  w f32[P, K, 16]       w[p, k, j]    = W[k, 16p + j]
 //   bfloat16: x u16[M, Kp], w u16[P, Kp/2, 16, 2] w[p, i, j, t] = W[2i + t, 16p + j]  (bf16 bits)
 // P = ceil(N / 16); columns past N and (bf16) the rows of zeros that pad K to Kp (a multiple of 32)
@@ -303,7 +305,7 @@ struct Work {
 };
 
 ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> bias,
-                     ffi::ResultBuffer<ffi::F32> out, int32_t bf16_path) {
+                     ffi::Buffer<ffi::S32> rows_in_use, ffi::ResultBuffer<ffi::F32> out, int32_t bf16_path) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto od = out->dimensions();
@@ -321,9 +323,15 @@ ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, f
   if (bias.element_count() != 0 && bias.element_count() != od[1]) {
     return ffi::Error::InvalidArgument("dense_cpu: bias must be [N] or [0] (none)");
   }
+  if (rows_in_use.element_count() != 1) {
+    return ffi::Error::InvalidArgument("dense_cpu: rows_in_use must hold one value");
+  }
+  // Rows past rows_in_use are a step's padding: zeros, not computed (the work follows the real rows).
+  const int64_t m = std::clamp<int64_t>(rows_in_use.typed_data()[0], 0, xd[0]);
+  std::memset(out->typed_data() + m * od[1], 0, sizeof(float) * (xd[0] - m) * od[1]);
   auto work = std::make_shared<Work>();
   work->gemm = Gemm{x.untyped_data(), w.untyped_data(), bias.element_count() ? bias.typed_data() : nullptr,
-                    out->typed_data(), xd[0], xd[1], od[1], wd[0]};
+                    out->typed_data(), m, xd[1], od[1], wd[0]};
   work->kind = Kind::kF32;
   if (bf16) {
     work->kind = Kind::kBf16Widen;
@@ -335,7 +343,7 @@ ffi::Error DenseImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, f
 #endif
   }
   work->total = (wd[0] + kPanels - 1) / kPanels;
-  if (xd[0] == 0) return ffi::Error::Success();
+  if (m == 0) return ffi::Error::Success();
   // Helpers on the other pool threads; this thread works too, then waits for groups others claimed.
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->total) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Run(); });
@@ -352,5 +360,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseCpu, DenseImpl,
                                   .Arg<ffi::AnyBuffer>()         // x
                                   .Arg<ffi::AnyBuffer>()         // w, packed
                                   .Arg<ffi::Buffer<ffi::F32>>()  // bias
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // rows_in_use, [1]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
                                   .Attr<int32_t>("bf16_path"));

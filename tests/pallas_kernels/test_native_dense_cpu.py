@@ -51,6 +51,20 @@ def test_bfloat16_matches_jnp_dot_on_every_path(m, k, n, path):
     assert _rel_err(got, _reference(x, w, b)) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rows_past_rows_in_use_are_zeros_and_the_rest_unchanged(dtype):
+    """A step's padding rows are not computed: the first rows_in_use rows equal the full product
+    bit for bit (each row's sums do not depend on the others), the rest are zeros, and counts
+    outside [0, M] are clamped. One program serves every count (it is data)."""
+    x, w, b = _case(21, 40, 37, dtype, seed=3)
+    packed = nd.pack(w)
+    full = np.asarray(nd.matmul(x, packed, b, out_features=37))
+    for count, kept in [(21, 21), (13, 13), (8, 8), (1, 1), (0, 0), (-4, 0), (99, 21)]:
+        got = np.asarray(nd.matmul(x, packed, b, out_features=37, rows_in_use=jnp.int32(count)))
+        np.testing.assert_array_equal(got[:kept], full[:kept])
+        assert not got[kept:].any()
+
+
 def test_leading_dims_and_large_values_pass_through():
     x, w, b = _case(6, 40, 20, jnp.float32, seed=2)
     x = x.reshape(2, 3, 40) * 1e20  # products near float32's range: no scaling or rounding inside
