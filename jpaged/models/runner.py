@@ -138,7 +138,7 @@ class ModelRunner:
 
     def step(self, kv_pool: KVPool, plan: StepPlan) -> tuple[jax.Array, KVPool]:
         """Runs `plan`: returns (float32 logits [S, vocab] at `logits_indices`, updated pool). The
-        rows of padding sequences are not the model's (zeros under the native dense kernel). The
+        padding rows are not the model's (zeros under the native dense kernel). The
         pool passed in is donated: use only the returned one."""
         logits, _, kv_pool = self._run(kv_pool, plan, None, False)
         return logits, kv_pool
@@ -214,14 +214,19 @@ class ModelRunner:
               want_prompt: jax.Array, want_top: jax.Array, token_ids: jax.Array, positions: jax.Array,
               slot_mapping: jax.Array, block_tables: jax.Array, context_lens: jax.Array,
               query_start_loc: jax.Array, logits_indices: jax.Array):
-        # The real tokens are rows [0, qsl[-1]) and the real sequences rows [0, count of context > 0):
-        # the native dense layers leave the bucket's padding rows at zero instead of computing them.
-        num_tokens, num_seqs = jnp.max(query_start_loc), jnp.sum(context_lens > 0)
+        # The native dense layers leave the bucket's padding rows at zero instead of computing them.
+        # The real tokens are rows [0, qsl[-1]) (padding sequences' ranges are empty, at the end).
+        # The logits rows in use are the leading run of `logits_indices` that increases and stays
+        # below that count (a row per sequence, or per token of a verify step): the plan builders
+        # pad it with row 0 or, for decodes, with the padding token rows.
+        num_tokens = jnp.max(query_start_loc)
+        rising = jnp.concatenate([jnp.ones(1, bool), logits_indices[1:] > logits_indices[:-1]])
+        head_rows = jnp.sum(jnp.cumprod((rising & (logits_indices < num_tokens)).astype(jnp.int32)))
         with packed.rows_in_use(num_tokens):
             model, head, h, kv_pool = self._forward(write_and_attend, params, kv_pool, token_ids, positions,
                                                     slot_mapping, block_tables, context_lens, query_start_loc)
         # The LM head runs only on each sequence's sampling row: [S, H] -> [S, V].
-        with packed.rows_in_use(num_seqs):
+        with packed.rows_in_use(head_rows):
             logits = model.logits(h[logits_indices], head)
 
         def scores():  # every token row's logits [T, V], reduced on device

@@ -13,6 +13,7 @@ from jpaged.config import SpeculativeConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.sequence import SamplingParams
 from jpaged.models import decoder
+from pallas_kernels import native_cpu, native_dense_cpu
 from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 from tests.helpers.tiny_engines import make_engine, run_to_end
 
@@ -73,6 +74,20 @@ def test_outputs_equal_those_without_speculation(plain_outputs):
     _same(_serve(engine), plain_outputs[0])
     _accepted_and_rejected(engine)
     assert engine.kv_stats()["spec_mean_acceptance_length"] > 1.0
+
+
+@pytest.mark.skipif(not (native_cpu.available() and native_dense_cpu.available()),
+                    reason=f"native CPU kernels: {native_dense_cpu.unavailable_reason()}")
+def test_the_native_cpu_path_verifies_every_drafted_position(plain_outputs):
+    """With the native CPU kernels (the CPU default: `auto`), whose dense layers compute only the
+    rows in use: the same outputs as XLA's path without speculation (decode and prefill steps use
+    their rows), and with it (a verify step's k + 1 logits rows per sequence are all in use)."""
+    plain = make_engine(attention_backend="cpu_native")
+    assert plain.executor.runner.native_dense
+    _same(_serve(plain), plain_outputs[0])
+    spec = make_engine(attention_backend="cpu_native", speculative=NGRAM)
+    _same(_serve(spec), plain_outputs[0])
+    _accepted_and_rejected(spec)
 
 
 def test_the_overlapped_loop_verifies_in_step_and_gives_the_same_tokens(plain_outputs):

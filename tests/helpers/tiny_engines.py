@@ -19,11 +19,11 @@ PAD_LEN = 128
 def make_engine(model="tiny-opt", block_size=8, num_blocks=64, num_host_blocks=64, preemption_mode="recompute",
                 max_num_seqs=16, max_model_len=128, params=None, watermark=0.0, prefix_caching=False,
                 num_host_cache_blocks=0, eviction_policy="lru", policy="chunked", speculative=None,
-                async_scheduling=False):
-    """A small engine on the real model (XLA attention), its pool and limits set by the arguments
-    (`speculative`: a SpeculativeConfig, None: off)."""
+                async_scheduling=False, attention_backend="xla"):
+    """A small engine on the real model (XLA attention unless `attention_backend` says), its pool
+    and limits set by the arguments (`speculative`: a SpeculativeConfig, None: off)."""
     config = EngineConfig(
-        model=ModelConfig(name=model, attention_backend="xla"),
+        model=ModelConfig(name=model, attention_backend=attention_backend),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
                           watermark=watermark, enable_prefix_caching=prefix_caching,
                           num_host_cache_blocks=num_host_cache_blocks, eviction_policy=eviction_policy),
