@@ -11,7 +11,7 @@ gives the tied head to `CausalLM.logits` as a `PackedLinear` (`split_head`). Onl
 holds packed weights (checkpoints keep the plain layout).
 
 `rows_in_use(n)`: while a step is traced inside it, every PackedLinear computes only the first n
-rows (a traced i32[]: the step's real tokens, or its real sequences for the LM head) and leaves
+rows (a traced i32[]: the step's real tokens, or its logits rows in use for the LM head) and leaves
 zeros in the padding rows of the token bucket, as the ragged attention already skips them. A
 context rather than an argument: the Flax modules' call signatures stay those of `nnx.Linear`.
 """
