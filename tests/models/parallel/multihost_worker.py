@@ -1,20 +1,22 @@
 """One process of a 2-process tensor-parallel run on CPU (test_multi_host.py starts two).
 
-Usage: python -m tests.models.parallel.multihost_worker PROCESS_ID PORT. Each process owns 2 virtual CPU
-devices; with tensor_parallel_size 4 the mesh spans both processes, joined by jax.distributed
-through the config. Prints the greedy outputs and preemption count as one JSON line.
+Usage: XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m tests.models.parallel.multihost_worker
+PROCESS_ID PORT. Each process owns 2 virtual CPU devices (the flag comes from the starting test's
+environment: set here on import, it gave every later test of an importing pytest process 2 devices
+when jax had not started yet, and the executable store, which needs one, stored nothing); with
+tensor_parallel_size 4 the mesh spans both processes, joined by jax.distributed through the config.
+Prints the greedy outputs and preemption count as one JSON line.
 """
 
 import json
-import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # before jax initialises
+from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from jpaged.core.sequence import SamplingParams
+from jpaged.engine import LLMEngine
+from jpaged.executors.jax import JaxExecutor
 
-from jpaged.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from jpaged.core.sequence import SamplingParams  # noqa: E402
-from jpaged.engine import LLMEngine  # noqa: E402
-from jpaged.executors.jax import JaxExecutor  # noqa: E402
+DEVICES_FLAG = "--xla_force_host_platform_device_count=2"  # each worker's XLA_FLAGS
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(1, 40)), list(range(7, 50))]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.parallel.multihost_worker import config, serve
+from tests.models.parallel.multihost_worker import DEVICES_FLAG, config, serve
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,7 +27,7 @@ def test_two_processes_serve_like_one_device():
     expected = serve(config(1))
     assert expected["preemptions"] > 0
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": DEVICES_FLAG}
     workers = [subprocess.Popen([sys.executable, "-m", "tests.models.parallel.multihost_worker", str(i), str(port)],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
