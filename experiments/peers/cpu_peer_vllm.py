@@ -23,6 +23,7 @@ import sys
 import time
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CLOCK_TICK_S = 1 / _CLOCK_TICKS  # the resolution of tree_cpu_seconds: /proc counts whole ticks
 
 
 def tree_cpu_seconds(root: int | None = None) -> float:

@@ -46,7 +46,7 @@ import numpy as np
 
 from experiments.bench.serve_real import ServeRealConfig, make_requests
 from experiments.common import REPO_ROOT, main, provenance, write_json
-from experiments.peers.cpu_peer_vllm import tree_cpu_seconds
+from experiments.peers.cpu_peer_vllm import CLOCK_TICK_S, tree_cpu_seconds
 from experiments.vllm_side import vllm_python, vllm_unavailable
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ def run_jpaged(workload: dict) -> dict:
     engine = LLMEngine(config, executor=executor)
     start_wall, start_cpu = time.perf_counter(), tree_cpu_seconds()
     outputs = engine.generate(workload["prompts"], params)
-    wall, cpu = time.perf_counter() - start_wall, tree_cpu_seconds() - start_cpu
+    # (a region shorter than one clock tick reads 0 CPU seconds: count it as one, the resolution)
+    wall, cpu = time.perf_counter() - start_wall, max(tree_cpu_seconds() - start_cpu, CLOCK_TICK_S)
     result = {"tokens": [list(o.output_token_ids[0]) for o in outputs], "wall_s": wall, "cpu_s": cpu,
               "engine": "jpaged", "attention_backend": executor.runner.backend,
               "native_dense": executor.runner.native_dense}
