@@ -6,7 +6,8 @@ Two workloads on the asset model: `code_edit`, where copying pays (each prompt h
 held-out standard-library file and then its first lines again, so the answer repeats code the
 prompt contains), and `random` (random token prompts, the workload of vLLM's random benchmark).
 At each batch size B, a run serves `rounds` batches of B different prompts of the workload one
-after another (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length) on engines
+after another (more where `min_prompts` asks: a batch-1 run of 4 prompts measures those 4
+prompts' acceptance, not the workload's) (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length) on engines
 built alike but for the `speculative:` section: without speculation and with each speculative
 config. One warm-up batch per engine and batch size compiles its shapes; then the engines run
 interleaved, each repeat rotating which goes first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
@@ -60,6 +61,7 @@ class SpecDecodeConfig:
     workloads: tuple[str, ...] = ("code_edit", "random")
     batch_sizes: tuple[int, ...] = (1, 8, 64)
     rounds: int = 4  # a timed run serves `rounds` batches of B different prompts, one after another
+    min_prompts: int = 0  # ... or as many as serve at least this many prompts, if more
     code_tokens: int = 200  # code_edit: tokens of code in the prompt, then its first `repeat_tokens` again
     repeat_tokens: int = 16
     prompt_len: int = 128  # random: prompt tokens
@@ -76,9 +78,15 @@ class SpecDecodeConfig:
                *self.batch_sizes) < 1:
             raise ValueError("repeats, rounds, output_len, prompt_len, code_tokens, repeat_tokens and batch_sizes "
                              "must be >= 1")
+        if self.min_prompts < 0:
+            raise ValueError(f"min_prompts: must be >= 0, got {self.min_prompts}")
         unknown = set(self.workloads) - {"code_edit", "random"}
         if unknown:
             raise ValueError(f"workloads: unknown {sorted(unknown)}; allowed: code_edit, random")
+
+    def rounds_at(self, batch: int) -> int:
+        """Batches of `batch` prompts a timed run serves: `rounds`, or more to reach `min_prompts`."""
+        return max(self.rounds, -(-self.min_prompts // batch))
 
 
 def code_edit_prompts(llm: LLM, config: SpecDecodeConfig, count: int) -> list[list[int]]:
@@ -124,7 +132,7 @@ def run(config: SpecDecodeConfig) -> dict:
     engines = {"off": LLM(config.model, warmup=False, **config.engine)}
     for name, spec in config.speculative.items():
         engines[name] = LLM(config.model, warmup=False, speculative_config=spec, **config.engine)
-    most = max(config.batch_sizes) * config.rounds
+    most = max(b * config.rounds_at(b) for b in config.batch_sizes)
     rng = np.random.default_rng(config.seed)
     vocab = engines["off"].engine.vocab_size
     workloads = {"code_edit": lambda: code_edit_prompts(engines["off"], config, most),
@@ -139,7 +147,7 @@ def run(config: SpecDecodeConfig) -> dict:
     prompts_of = {w: workloads[w]() for w in config.workloads}
     for workload, batch in points:
         prompts = prompts_of[workload]
-        batches = [prompts[i * batch: (i + 1) * batch] for i in range(config.rounds)]
+        batches = [prompts[i * batch: (i + 1) * batch] for i in range(config.rounds_at(batch))]
         peer_points.append({"workload": workload, "batch": batch, "batches": batches})
         for name in names:  # warm-up: each engine compiles this batch's shapes
             run_once(engines[name], batches[:1], params)

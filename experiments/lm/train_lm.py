@@ -39,6 +39,8 @@ from tqdm import tqdm
 from experiments import common
 from experiments.lm import corpus, evaluate, model, tokenizer
 from jpaged.config import load_config
+from jpaged.core.sequence import SamplingParams
+from jpaged.entrypoints.llm import LLM
 from jpaged.models.checkpoint import import_hf
 from jpaged.text.tokenizer import Tokenizer
 
@@ -87,6 +89,16 @@ class TrainLMConfig:
     agreement_prompt_tokens: int = 64  # tokens per such prompt (a window of the held-out stream)
     agreement_tokens: int = 64  # target greedy tokens per prompt that the model must predict
     speculative_k: int = 4  # drafted tokens per verify step in the reported tokens per step
+    # Self-distillation: the target's own greedy continuations join the training windows. A draft
+    # is used where the target generates, and a small target's greedy text (repetitive, often a
+    # loop) is far from the corpus it trained on; EAGLE and Medusa-2 train on the target's outputs
+    # for the same reason. Half the prompts are training-stream windows, half uniformly random
+    # token ids (the prompts of vLLM's random dataset); continuations ignore EOS, as those
+    # benchmarks run. The agreement is then also measured on random prompts of another seed.
+    target_sequences: int = 0  # prompts the target continues (0: train on the corpus alone)
+    target_prompt_tokens: int = 64  # tokens per such prompt
+    target_tokens: int = 128  # greedy tokens the target adds to each
+    target_window_share: float = 0.5  # share of each step's windows cut from the continuations
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "short_seq_len", "sample_tokens", "chat_max_chars"):
@@ -106,6 +118,12 @@ class TrainLMConfig:
         for name in ("agreement_prompts", "agreement_prompt_tokens", "agreement_tokens", "speculative_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.target_sequences < 0 or min(self.target_prompt_tokens, self.target_tokens) < 1:
+            raise ValueError("target_sequences: must be >= 0, target_prompt_tokens and target_tokens >= 1")
+        if self.target_sequences and not self.distill_from:
+            raise ValueError("target_sequences: > 0 needs distill_from (the model whose continuations are trained on)")
+        if not 0.0 <= self.target_window_share < 1.0:
+            raise ValueError(f"target_window_share: must be in [0, 1), got {self.target_window_share}")
         if self.distill_from and self.agreement_prompt_tokens + self.agreement_tokens > self.seq_len:
             raise ValueError(f"agreement_prompt_tokens + agreement_tokens: must be <= seq_len ({self.seq_len}), "
                              f"got {self.agreement_prompt_tokens + self.agreement_tokens}")
@@ -127,12 +145,14 @@ def _documents(config: TrainLMConfig, tok: Tokenizer, texts: list[str]) -> tuple
     return texts + chats, len(chats)
 
 
-def train(config: TrainLMConfig, spec, stream: np.ndarray,
-          teacher: tuple | None = None) -> tuple[dict, list[float], float]:
+def train(config: TrainLMConfig, spec, stream: np.ndarray, teacher: tuple | None = None,
+          generated: np.ndarray | None = None) -> tuple[dict, list[float], float]:
     """AdamW over random windows of `stream`; (params, per-step cross-entropy losses, CPU seconds).
 
     With `teacher` = (spec, params) and `config.distill_weight` > 0, the loss mixes in the KL
-    divergence from the teacher's next-token distribution on the same windows.
+    divergence from the teacher's next-token distribution on the same windows. With `generated`
+    (the teacher's continuations, one stream), `config.target_window_share` of each step's
+    windows are cut from it instead.
     """
     params = model.init_params(spec, config.seed)
     schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps,
@@ -164,8 +184,12 @@ def train(config: TrainLMConfig, spec, stream: np.ndarray,
     bar = tqdm(range(config.steps), desc="train stdlib-lm", mininterval=5.0)
     for i in bar:
         length = config.seq_len if i >= config.steps - config.long_steps else config.short_seq_len
-        starts = rng.integers(0, len(stream) - length - 1, config.batch_size * config.short_seq_len // length)
-        batch = np.stack([stream[s:s + length + 1] for s in starts])  # [windows, length + 1]
+        windows = config.batch_size * config.short_seq_len // length
+        own = round(windows * config.target_window_share) if generated is not None else 0
+        starts = rng.integers(0, len(stream) - length - 1, windows - own)
+        batch = np.stack([stream[s:s + length + 1] for s in starts]
+                         + [generated[s:s + length + 1]
+                            for s in rng.integers(0, len(generated) - length - 1, own)])  # [windows, length + 1]
         params, opt_state, loss = step(params, opt_state, teacher_params, jnp.asarray(batch))
         losses.append(float(loss))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
@@ -214,18 +238,40 @@ def _load_teacher(config: TrainLMConfig, directory: Path) -> tuple:
     return import_hf(source, name=source.name)
 
 
+def _target_continuations(config: TrainLMConfig, stream: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`distill_from`'s greedy continuations (self-distillation data), served by jpaged's engine.
+
+    Half the `target_sequences` prompts are random windows of the training stream, half uniformly
+    random token ids; returns one stream of each prompt followed by its continuation.
+    """
+    rng = np.random.default_rng(config.seed + 2)
+    n, length = config.target_sequences, config.target_prompt_tokens
+    prompts = [stream[s:s + length].tolist() for s in rng.integers(0, len(stream) - length, n // 2)]
+    prompts += rng.integers(0, vocab_size, (n - n // 2, length)).tolist()
+    llm = LLM(config.distill_from, warmup=False, dtype="float32", block_size=32, max_num_seqs=256,
+              num_blocks=256 * -(-(length + config.target_tokens) // 32) + 1,
+              max_model_len=length + config.target_tokens)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=config.target_tokens, ignore_eos=True))
+    return np.concatenate([p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outputs)]).astype(np.int32)
+
+
 def _agreement(config: TrainLMConfig, spec, params, teacher: tuple, stream: np.ndarray,
-               stop_ids: tuple[int, ...]) -> dict:
-    """Greedy agreement with `distill_from` on evenly spaced windows of the held-out stream."""
+               stop_ids: tuple[int, ...], vocab_size: int) -> dict:
+    """Greedy agreement with `distill_from` on evenly spaced windows of the held-out stream and,
+    prefixed `random_`, on prompts of uniformly random token ids (a seed no training prompt used)."""
     n, length = config.agreement_prompts, config.agreement_prompt_tokens
     starts = np.linspace(0, len(stream) - length, n).astype(int)
     prompts = [stream[s:s + length].tolist() for s in starts]
+    random_prompts = np.random.default_rng(config.seed + 3).integers(0, vocab_size, (n, length)).tolist()
     context = config.seq_len // 2  # a mid-window token: its attention cost is counted too
     flops = model.flops_per_token(spec, context), model.flops_per_token(teacher[0], context)
+    on_random = evaluate.greedy_agreement(spec, params, *teacher, random_prompts, config.agreement_tokens, (),
+                                          config.speculative_k)  # no stop: as the random benchmarks run
     return {"flops_per_token": flops[0], "target_flops_per_token": flops[1], "flops_context": context,
             "target_over_draft_flops": flops[1] / flops[0],
             **evaluate.greedy_agreement(spec, params, *teacher, prompts, config.agreement_tokens, stop_ids,
-                                        config.speculative_k)}
+                                        config.speculative_k),
+            **{f"random_{key}": value for key, value in on_random.items()}}
 
 
 def run(config: TrainLMConfig) -> dict:
@@ -255,7 +301,8 @@ def run(config: TrainLMConfig) -> dict:
 
     hf = _hf_config(config, tok)
     spec = model.spec_of(hf, out.name)
-    params, losses, cpu_seconds = train(config, spec, train_stream, teacher)
+    continuations = _target_continuations(config, train_stream, tok.vocab_size) if config.target_sequences else None
+    params, losses, cpu_seconds = train(config, spec, train_stream, teacher, continuations)
     _save_model(staging, hf, tok, spec, params)
 
     # Evaluate exactly what was written: weights through the importer, tokenizer with its stop ids.
@@ -272,10 +319,11 @@ def run(config: TrainLMConfig) -> dict:
     samples = [{"prompt": tok.decode(p, skip_special_tokens=False), "greedy": tok.decode(g, skip_special_tokens=False)}
                for p, g in zip(prompts, generated)]
     if teacher is not None:
-        metrics |= _agreement(config, spec, saved, teacher, held_stream, tok.eos_token_ids)
+        metrics |= _agreement(config, spec, saved, teacher, held_stream, tok.eos_token_ids, tok.vocab_size)
     summary = {
         "num_params": model.param_count(params), "train_tokens_per_epoch": int(len(train_stream)),
-        "train_chat_examples": train_chats, "tokens_seen": config.steps * config.batch_size * config.short_seq_len,
+        "train_chat_examples": train_chats, "target_continuation_tokens": 0 if continuations is None else len(continuations),
+        "tokens_seen": config.steps * config.batch_size * config.short_seq_len,
         "final_train_loss": float(np.mean(losses[-50:])), **metrics,
         "train_cpu_seconds": round(cpu_seconds, 1), "wall_seconds": round(time.perf_counter() - wall0, 1),
         "load_average_start": [round(x, 2) for x in load0], "load_average_end": [round(x, 2) for x in os.getloadavg()],

@@ -52,3 +52,26 @@ def test_a_model_agrees_with_itself():
     assert got["greedy_tokens_per_verify_step_k4"] == 4.5 and got["iid_tokens_per_verify_step_k4"] == 5.0
     weights = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 48 + 64 * 32  # q, o; k, v; SwiGLU; tied LM head
     assert model.flops_per_token(spec, context=10) == 2 * weights + 4 * 32 * 10
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(target_sequences=4), "target_sequences: > 0 needs distill_from"),
+    (dict(distill_from="x", target_sequences=4, target_tokens=0), "target_tokens"),
+    (dict(distill_from="x", target_window_share=1.0), "target_window_share"),
+])
+def test_self_distillation_fields_name_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        TrainLMConfig(**fields)
+
+
+@pytest.mark.slow  # an engine of the asset model and a dense decode of it
+def test_the_targets_continuations_are_its_greedy_decode():
+    config = TrainLMConfig(distill_from=str(ASSET), target_sequences=3, target_prompt_tokens=6, target_tokens=5)
+    stream = np.arange(100, 160, dtype=np.int32)
+    generated = train_lm._target_continuations(config, stream, vocab_size=4096).reshape(3, 11)
+    windows, random_prompt = generated[:1, :6], generated[1:, :6]
+    assert (windows - windows[:, :1] == np.arange(6)).all() and windows[0, 0] >= 100  # a window of the stream
+    assert not np.isin(random_prompt, stream).all()  # uniformly random ids: not all from the stream's 60
+    spec, params = train_lm._load_teacher(config, ASSET)
+    dense = evaluate.greedy(spec, params, generated[:, :6].tolist(), 5, (), 11)
+    assert generated[:, 6:].tolist() == dense
