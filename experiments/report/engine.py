@@ -193,6 +193,9 @@ def spec_decode(results: dict, figures: Figures) -> str:
     if "spec_decode_lookup" in results:
         out += ("Prompt lookup's settings: matching the last token alone (`prompt_lookup_min: 1`) drafts in more "
                 "steps: " + _spec_table(results["spec_decode_lookup"], "spec_decode_lookup") + "\n\n")
+    if "spec_decode_draft" in results:
+        out += ("The draft model (`assets/stdlib-draft-lm`, trained on the target's own continuations) at batch 1: "
+                + _spec_table(results["spec_decode_draft"], "spec_decode_draft") + "\n\n")
     if "spec_serve" in results:
         out += _spec_serve(results["spec_serve"]) + "\n\n"
     if "spec_serve_vllm_client" in results:
@@ -219,9 +222,12 @@ def _spec_table(r: dict, config: str) -> str:
                     f"{row['spec_tok_s_median']:.0f} | **{row['speedup_median']:.2f}x** ({runs}) | "
                     f"{row['cpu_ratio_median']:.2f} | {'—' if length is None else f'{length:.2f}'} |")
     configs = "; ".join(f"{name}: `{spec}`" for name, spec in cfg["speculative"].items())
+    batches = f"{cfg['rounds']} batches of B prompts per run"
+    if cfg.get("min_prompts", 0) > cfg["rounds"]:
+        batches += f" (more at small B: at least {cfg['min_prompts']} prompts a run)"
     return (f"{command('bench.spec_decode', config)} at `{prov.get('git_sha', '?')[:12]}` on {prov.get('cpu', '?')} "
             f"(load average {min(loads):.1f}–{max(loads):.1f} over the runs): `LLM.generate` of the asset model, greedy, "
-            f"{cfg['output_len']} output tokens per request, {cfg['rounds']} batches of B prompts per run, against the "
+            f"{cfg['output_len']} output tokens per request, {batches}, against the "
             "same engine without speculation; "
             f"{cfg['repeats']} interleaved repeats, the median of each repeat's ratio. code_edit: "
             f"{cfg['code_tokens']} tokens of held-out standard-library code, then its first "
