@@ -186,10 +186,10 @@ def train(config: TrainLMConfig, spec, stream: np.ndarray, teacher: tuple | None
         length = config.seq_len if i >= config.steps - config.long_steps else config.short_seq_len
         windows = config.batch_size * config.short_seq_len // length
         own = round(windows * config.target_window_share) if generated is not None else 0
-        starts = rng.integers(0, len(stream) - length - 1, windows - own)
-        batch = np.stack([stream[s:s + length + 1] for s in starts]
-                         + [generated[s:s + length + 1]
-                            for s in rng.integers(0, len(generated) - length - 1, own)])  # [windows, length + 1]
+        rows = [stream[s:s + length + 1] for s in rng.integers(0, len(stream) - length - 1, windows - own)]
+        if own:  # (no draw otherwise: a corpus-only run takes the windows it always took)
+            rows += [generated[s:s + length + 1] for s in rng.integers(0, len(generated) - length - 1, own)]
+        batch = np.stack(rows)  # [windows, length + 1]
         params, opt_state, loss = step(params, opt_state, teacher_params, jnp.asarray(batch))
         losses.append(float(loss))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
