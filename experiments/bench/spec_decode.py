@@ -6,10 +6,10 @@ Two workloads on the asset model: `code_edit`, where copying pays (each prompt h
 held-out standard-library file and then its first lines again, so the answer repeats code the
 prompt contains), and `random` (random token prompts, the workload of vLLM's random benchmark).
 At each batch size B, a run serves `rounds` batches of B different prompts of the workload one
-after another (more where `min_prompts` asks: a batch-1 run of 4 prompts measures those 4
-prompts' acceptance, not the workload's) (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length) on engines
-built alike but for the `speculative:` section: without speculation and with each speculative
-config. One warm-up batch per engine and batch size compiles its shapes; then the engines run
+after another (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length), or more
+batches where `min_prompts` asks (a batch-1 run of 4 prompts measures those 4 prompts'
+acceptance, not the workload's), on engines built alike but for the `speculative:` section:
+without speculation and with each speculative config. One warm-up batch per engine and batch size compiles its shapes; then the engines run
 interleaved, each repeat rotating which goes first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
 average, and for speculation the drafts, drafted and accepted tokens (acceptance length = 1 +
 accepted / drafts). Per (workload, batch, config): the median over repeats of each run's output
