@@ -248,6 +248,7 @@ def _target_continuations(config: TrainLMConfig, stream: np.ndarray, vocab_size:
     n, length = config.target_sequences, config.target_prompt_tokens
     prompts = [stream[s:s + length].tolist() for s in rng.integers(0, len(stream) - length, n // 2)]
     prompts += rng.integers(0, vocab_size, (n - n // 2, length)).tolist()
+    # 256 sequences at once, each with its blocks for prompt + continuation (block 0 is reserved).
     llm = LLM(config.distill_from, warmup=False, dtype="float32", block_size=32, max_num_seqs=256,
               num_blocks=256 * -(-(length + config.target_tokens) // 32) + 1,
               max_model_len=length + config.target_tokens)
