@@ -5,7 +5,8 @@ On XLA:CPU a dot cannot read the KV pool through a block table: the XLA paths
 small batched dots over it.
 `native/paged_attention_cpu.cc` reads each live K/V row where it lies in the pool (float32, or
 bfloat16 stored as uint16 bits), one query row at a time with a per-page online softmax in
-float32, spread over XLA's intra-op threads. Decode (`paged_attention_cpu`) and prefill
+float32 (a vector of keys at a time for head dims 32, 64 and 128 on AVX2 and AVX-512), spread
+over XLA's intra-op threads. Decode (`paged_attention_cpu`) and prefill
 (`paged_prefill_attention_cpu`, causal with the cached-context offset) are the same kernel: each
 row attends to the first `row_keys` tokens of its sequence. Oracles: the plain-jnp references
 (tests/pallas_kernels/test_native_cpu.py).

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.config.presets import get_preset
 from jpaged.core.kv.block_manager import BlockManager
-from jpaged.core.sched.speculation import PLACEHOLDER, Speculator, accepted_length, ngram_draft
+from jpaged.core.sched.speculation import PLACEHOLDER, NgramIndex, Speculator, accepted_length, ngram_draft
 from jpaged.core.sequence import SamplingParams, Sequence, SequenceGroup
 from jpaged.engine import LLMEngine
 from jpaged.paper.sim.executor import SimExecutor
@@ -46,6 +46,18 @@ def _lookup_by_definition(tokens, k, min_n, max_n):
 def test_ngram_draft_equals_the_lookup_by_definition(tokens, k, min_n, extra):
     # A vocabulary of four makes repeats, long matches and matches running into the suffix common.
     assert ngram_draft(tokens, k, min_n, min_n + extra) == _lookup_by_definition(tokens, k, min_n, min_n + extra)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.lists(st.integers(1, 6), min_size=1, max_size=12),
+       st.integers(1, 5), st.integers(1, 4), st.integers(0, 3))
+def test_the_incremental_index_drafts_as_ngram_draft_while_the_sequence_grows(tokens, steps, k, min_n, extra):
+    # The sequence grows by a few tokens a step (the accepted drafts and the correction).
+    index, ends = NgramIndex(min_n, min_n + extra), np.cumsum(steps)
+    for end in ends[ends <= len(tokens)].tolist() + [len(tokens)]:
+        assert index.draft(tokens[:end], k) == ngram_draft(tokens[:end], k, min_n, min_n + extra)
+    with pytest.raises(ValueError, match="token_ids: "):
+        index.draft(tokens[:len(tokens) - 1], k) if len(tokens) > 1 else index.draft([], k)
 
 
 def test_accepted_length_counts_the_leading_drafts_the_samples_confirm():

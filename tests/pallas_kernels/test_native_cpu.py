@@ -120,3 +120,29 @@ def test_prefill_matches_reference(group, dtype):
     assert np.isfinite(out).all()
     assert rel_err(out, want) < 1e-5
     assert not out[int(q_lens.sum()):].any()  # rows owned by no sequence
+
+
+@pytest.mark.parametrize("head_dim, block_size", [(32, 8), (48, 16), (128, 32)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("q_scale", [1.0, 40.0])
+def test_vector_and_scalar_paths_match_the_reference(head_dim, block_size, dtype, q_scale):
+    """Head dims 32 and 128 take the vector path, 48 the scalar one; pages narrower than a vector
+    (8 slots), rows of a verify step (a few causal rows after a long context), and scores spread
+    so wide (q x 40) that most exps underflow to 0."""
+    rng = np.random.default_rng(5)
+    lens = [1, 7, 40, 251, 9]
+    case = make_case(rng, lens, block_size=block_size, num_kv_heads=2, head_dim=head_dim)
+    k, v, tables, context_lens = case.device(jnp.float32)
+    if dtype == jnp.bfloat16:
+        k, v = (jnp.nan_to_num(x).astype(jnp.bfloat16) for x in (k, v))
+    q_lens = np.asarray([1, 7, 3, 5, 0])  # a decode, a whole prompt, then verify-like rows
+    starts = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    q = q_scale * rng.standard_normal((int(q_lens.sum()) + 2, 6, head_dim)).astype(np.float32)
+    pools = [jax.lax.bitcast_convert_type(x, jnp.uint16) if dtype == jnp.bfloat16 else x for x in (k, v)]
+    out = np.asarray(native_cpu.paged_prefill_attention_cpu(jnp.asarray(q), *pools, tables, context_lens, starts,
+                                                            scale=head_dim ** -0.5))
+    want = np.asarray(pp.paged_prefill_attention_reference(jnp.asarray(q), jnp.nan_to_num(k), jnp.nan_to_num(v),
+                                                           tables, context_lens, starts, scale=head_dim ** -0.5))
+    assert np.isfinite(out).all()
+    assert rel_err(out, want) < 1e-5
+    assert not out[int(q_lens.sum()):].any()
