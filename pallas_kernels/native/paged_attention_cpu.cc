@@ -80,30 +80,62 @@ struct Problem {
   float scale;
 };
 
+// What the (query row r, KV head h) item reads: the row's keys, its sequence's block table, and
+// the pool rows of the layer's head h.
+template <typename T>
+struct Item {
+  int64_t group, bs, length;  // query heads per KV head, block size, keys the row attends to
+  const int32_t* table;
+  const T* k_pool;
+  const T* v_pool;
+  int64_t head_base;   // the pool row of block 0 at (layer, h)
+  int64_t num_blocks;  // N
+
+  Item(const Problem& p, int64_t r, int64_t h)
+      : group(p.num_q_heads / p.num_kv_heads),
+        bs(p.block_size),
+        length(std::clamp<int64_t>(p.row_keys[r], 0, p.max_blocks * p.block_size)),
+        table(p.tables + std::clamp<int64_t>(p.row_seq[r], 0, p.num_seqs - 1) * p.max_blocks),
+        k_pool(static_cast<const T*>(p.k)),
+        v_pool(static_cast<const T*>(p.v)),
+        head_base((p.layer * p.num_kv_heads + h) * p.num_blocks),
+        num_blocks(p.num_blocks) {}
+
+  // The page of keys [start, start + bs) at head dim d: its block's K and V rows (slot 0) and how
+  // many of its keys the row reads.
+  struct Page {
+    const T* k;
+    const T* v;
+    int64_t live;
+  };
+  Page PageAt(int64_t start, int64_t d) const {
+    const int64_t block = std::clamp<int64_t>(table[start / bs], 0, num_blocks - 1);
+    return {k_pool + (head_base + block) * bs * d, v_pool + (head_base + block) * bs * d,
+            std::min(bs, length - start)};
+  }
+
+  // Asks for the next page's K and V, if the row reads one, while the page at `start` is computed.
+  void PrefetchNext(int64_t start, int64_t d) const {
+    if (start + bs < length) Prefetch(k_pool, v_pool, head_base, table[start / bs + 1], num_blocks, bs * d);
+  }
+};
+
 // One (query row r, KV head h) item: all query heads of h's group over the row's keys. kDim is
 // the head dim when known at compile time (its loops then unroll and keep `acc` in registers),
 // 0 for any other (read from the problem).
 template <typename T, int kDim>
 void AttendOne(const Problem& p, int64_t r, int64_t h) {
-  const int64_t group = p.num_q_heads / p.num_kv_heads, bs = p.block_size;
-  const int64_t d = kDim > 0 ? kDim : p.head_dim;
-  const int64_t length = std::clamp<int64_t>(p.row_keys[r], 0, p.max_blocks * bs);
-  const int32_t* table = p.tables + std::clamp<int64_t>(p.row_seq[r], 0, p.num_seqs - 1) * p.max_blocks;
-  const T* k_pool = static_cast<const T*>(p.k);
-  const T* v_pool = static_cast<const T*>(p.v);
-  const int64_t head_base = (p.layer * p.num_kv_heads + h) * p.num_blocks;  // row of block 0
+  const Item<T> item(p, r, h);
+  const int64_t group = item.group, length = item.length, d = kDim > 0 ? kDim : p.head_dim;
   for (int64_t g = 0; g < group; ++g) {
     const int64_t offset = (r * p.num_q_heads + h * group + g) * d;
     alignas(64) float q[kMaxHeadDim], acc[kMaxHeadDim];
     for (int64_t i = 0; i < d; ++i) q[i] = p.q[offset + i] * p.scale, acc[i] = 0.0f;
     float scores[kMaxBlockSize];
     float running_max = -INFINITY, denom = 0.0f;
-    for (int64_t start = 0; start < length; start += bs) {
-      const int64_t block = std::clamp<int64_t>(table[start / bs], 0, p.num_blocks - 1);
-      const T* k_block = k_pool + (head_base + block) * bs * d;  // slot 0 of the block
-      const T* v_block = v_pool + (head_base + block) * bs * d;
-      const int64_t live = std::min(bs, length - start);
-      if (start + bs < length) Prefetch(k_pool, v_pool, head_base, table[start / bs + 1], p.num_blocks, bs * d);
+    for (int64_t start = 0; start < length; start += item.bs) {
+      const auto [k_block, v_block, live] = item.PageAt(start, d);
+      item.PrefetchNext(start, d);
       float page_max = running_max;
       for (int64_t s = 0; s < live; ++s) {
         const T* k = k_block + s * d;
@@ -232,27 +264,17 @@ inline F32xV ExpV(F32xV x) {
 template <typename T, int kDim>
 void AttendVec(const Problem& p, int64_t r, int64_t h) {
   constexpr int kVecs = kDim / kVecLanes;  // vector registers per K, V or q row
-  const int64_t group = p.num_q_heads / p.num_kv_heads, bs = p.block_size;
-  const int64_t length = std::clamp<int64_t>(p.row_keys[r], 0, p.max_blocks * bs);
-  const int32_t* table = p.tables + std::clamp<int64_t>(p.row_seq[r], 0, p.num_seqs - 1) * p.max_blocks;
-  const T* k_pool = static_cast<const T*>(p.k);
-  const T* v_pool = static_cast<const T*>(p.v);
-  const int64_t head_base = (p.layer * p.num_kv_heads + h) * p.num_blocks;  // row of block 0
+  const Item<T> item(p, r, h);
+  const int64_t group = item.group, length = item.length;
   for (int64_t g = 0; g < group; ++g) {
     const int64_t offset = (r * p.num_q_heads + h * group + g) * kDim;
     F32xV q[kVecs], acc[kVecs] = {}, acc_odd[kVecs] = {};  // acc_odd: the odd keys' share
     for (int v = 0; v < kVecs; ++v) q[v] = Load(p.q + offset + v * kVecLanes) * p.scale;
     alignas(64) float scores[kMaxBlockSize + kVecLanes];
     float running_max = -INFINITY, denom = 0.0f;
-    for (int64_t start = 0; start < length; start += bs) {
-      const int64_t block = std::clamp<int64_t>(table[start / bs], 0, p.num_blocks - 1);
-      const T* k_block = k_pool + (head_base + block) * bs * kDim;  // slot 0 of the block
-      const T* v_block = v_pool + (head_base + block) * bs * kDim;
-      const int64_t live = std::min(bs, length - start);
-      // (the group's later query heads find the page in cache)
-      if (g == 0 && start + bs < length) {
-        Prefetch(k_pool, v_pool, head_base, table[start / bs + 1], p.num_blocks, bs * kDim);
-      }
+    for (int64_t start = 0; start < length; start += item.bs) {
+      const auto [k_block, v_block, live] = item.PageAt(start, kDim);
+      if (g == 0) item.PrefetchNext(start, kDim);  // (the group's later query heads find it in cache)
       // Scores a vector of kVecLanes keys at a time; keys past `live` score -inf (never read).
       F32xV max_scores = F32xV{} + running_max;
       for (int64_t first = 0; first < live; first += kVecLanes) {
