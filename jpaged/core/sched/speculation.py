@@ -3,8 +3,9 @@
 A decoding sequence of L tokens holds the KV of its first L - 1; its next step computes token L - 1.
 With speculation, a proposer drafts d_1..d_k (prompt lookup: `NgramIndex`, `ngram_draft` its
 plain reference; or a draft model, run by the executor just before the verify step:
-`PLACEHOLDER`), and one verify step computes the k + 1 tokens t_{L-1}, d_1..d_k, writing their K/V into slots reserved like any
-prompt chunk's (`BlockManager.append_slots`: new blocks, copy-on-write of a shared last block).
+`PLACEHOLDER`), and one verify step computes the k + 1 tokens t_{L-1}, d_1..d_k, writing their
+K/V into slots reserved like any prompt chunk's (`BlockManager.append_slots`: new blocks,
+copy-on-write of a shared last block).
 Row j of the sequence samples position L + j as a decode would (`x_j`, drawn from the target
 model's distribution with the key (seed, stream, L + j)). The drafts are accepted while they equal
 those samples (`accepted_length`): with a = the accepted count the step emits d_1..d_a and x_a
