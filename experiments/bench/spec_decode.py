@@ -9,8 +9,9 @@ At each batch size B, a run serves `rounds` batches of B different prompts of th
 after another (`LLM.generate` per batch; greedy, `ignore_eos`, the same output length), or more
 batches where `min_prompts` asks (a batch-1 run of 4 prompts measures those 4 prompts'
 acceptance, not the workload's), on engines built alike but for the `speculative:` section:
-without speculation and with each speculative config. One warm-up batch per engine and batch size compiles its shapes; then the engines run
-interleaved, each repeat rotating which goes first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
+without speculation and with each speculative config. One warm-up batch per engine and batch
+size compiles its shapes; then the engines run interleaved, each repeat rotating which goes
+first. Per run: output tokens, wall and CPU seconds (all threads of this process), the load
 average, and for speculation the drafts, drafted and accepted tokens (acceptance length = 1 +
 accepted / drafts). Per (workload, batch, config): the median over repeats of each run's output
 tok/s over the plain engine's in the same repeat. Saved to results/spec_decode.json.
