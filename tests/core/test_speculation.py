@@ -18,13 +18,13 @@ from jpaged.paper.sim.executor import SimExecutor
 from tests.helpers.kv import allocate
 
 
-def test_ngram_draft_takes_the_longest_suffix_then_its_latest_occurrence():
-    tokens = [1, 2, 3, 9, 5, 2, 3, 7, 8, 6, 1, 2, 3]
-    # The 3-gram [1, 2, 3] occurs at 0: it proposes what followed it there.
-    assert ngram_draft(tokens, 3, 1, 3) == [9, 5, 2]
-    # Capped at 2-grams, [2, 3] occurs at 1 and 5: the latest proposes [7, 8, 6].
-    assert ngram_draft(tokens, 3, 1, 2) == [7, 8, 6]
-    assert ngram_draft(tokens, 1, 1, 2) == [7]
+def test_ngram_draft_takes_the_longest_suffix_then_its_first_occurrence():
+    tokens = [1, 5, 3, 9, 5, 2, 3, 7, 8, 5, 2, 3]
+    # The 3-gram [5, 2, 3] occurs at 4: it proposes what followed it there.
+    assert ngram_draft(tokens, 3, 1, 3) == [7, 8, 5]
+    # Capped at 1-grams, [3] occurs at 2 and 6: the first proposes [9, 5, 2].
+    assert ngram_draft(tokens, 3, 1, 1) == [9, 5, 2]
+    assert ngram_draft(tokens, 1, 1, 1) == [9]
     assert ngram_draft([4, 5, 6], 3, 1, 3) == []  # no earlier occurrence of any suffix
     assert ngram_draft([4, 5, 6, 4], 3, 2, 3) == []  # only a 1-gram would match
     assert ngram_draft([7, 7, 7, 7], 4, 1, 3) == [7]  # the match runs into the suffix: fewer than k
@@ -32,12 +32,12 @@ def test_ngram_draft_takes_the_longest_suffix_then_its_latest_occurrence():
 
 
 def _lookup_by_definition(tokens, k, min_n, max_n):
-    """ngram_draft read off its docstring: every n-gram window, longest first, latest start."""
+    """ngram_draft read off its docstring: every n-gram window, longest first, first start."""
     for n in range(max_n, min_n - 1, -1):
         suffix = tokens[len(tokens) - n:] if n <= len(tokens) - 1 else None
         starts = [i for i in range(len(tokens) - n) if suffix is not None and tokens[i: i + n] == suffix]
         if starts:
-            return tokens[starts[-1] + n: starts[-1] + n + k]
+            return tokens[starts[0] + n: starts[0] + n + k]
     return []
 
 

@@ -17,7 +17,7 @@ from pallas_kernels import native_cpu, native_dense_cpu
 from tests.helpers.hf_dirs import HF_CONFIGS, write_hf_dir
 from tests.helpers.tiny_engines import make_engine, run_to_end
 
-NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=4)
 # Prompts that repeat themselves, so that prompt lookup has something to propose.
 PROMPTS = [[5, 6, 7, 8, 9] * 4, [11, 12, 13] * 5 + [14], [3, 4] * 9, list(range(20, 44))]
 

@@ -46,9 +46,10 @@ PLACEHOLDER = -1
 
 
 def ngram_draft(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Prompt lookup: for n from `max_n` down to `min_n`, the latest earlier occurrence of the last
+    """Prompt lookup: for n from `max_n` down to `min_n`, the first earlier occurrence of the last
     n tokens of `token_ids` proposes the (at most `k`) tokens that followed it; [] when no suffix
-    of those lengths occurs earlier."""
+    of those lengths occurs earlier. (vLLM's rule: the first occurrence is where a copied text
+    came from, where later ones are often the copy's own short repeats.)"""
     tokens = np.asarray(token_ids, dtype=np.int32)
     length = len(tokens)
     if length < 2 or min_n > length - 1:
@@ -68,14 +69,14 @@ def ngram_draft(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[in
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         hits = ends[matched >= n]
         if len(hits):
-            start = int(hits[-1]) + 1
+            start = int(hits[0]) + 1
             return tokens[start: start + k].tolist()
     return []
 
 
 class NgramIndex:
     """`ngram_draft` for one sequence whose tokens only grow, kept up to date step by step: the
-    latest end of every n-gram (min_n <= n <= max_n) that some token follows. A step adds the
+    first end of every n-gram (min_n <= n <= max_n) that some token follows. A step adds the
     n-grams ending at the positions its accepted tokens made followed (about 2-5 tokens x the n
     range) and looks up at most max_n - min_n + 1 suffixes, where `ngram_draft` scans the whole
     sequence (0.1 ms at 300 tokens of code, on every verify step). Memory: up to
@@ -83,21 +84,21 @@ class NgramIndex:
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest end e, e + 1 < length
-        self._indexed = 0  # the n-grams ending before this position are in `_latest`
+        self._first: dict[tuple[int, ...], int] = {}  # n-gram -> its first end e, e + 1 < length
+        self._indexed = 0  # the n-grams ending before this position are in `_first`
 
     def draft(self, token_ids: list[int], k: int) -> list[int]:
         """`ngram_draft(token_ids, k, min_n, max_n)`; `token_ids` extends the list of the last call."""
         length = len(token_ids)
         if length - 1 < self._indexed:
             raise ValueError(f"token_ids: {length} tokens, fewer than the {self._indexed + 1} already indexed")
-        latest, min_n, max_n = self._latest, self.min_n, self.max_n
+        first, min_n, max_n = self._first, self.min_n, self.max_n
         for end in range(self._indexed, length - 1):  # the ends a token now follows
             for n in range(min_n, min(max_n, end + 1) + 1):
-                latest[tuple(token_ids[end - n + 1: end + 1])] = end
+                first.setdefault(tuple(token_ids[end - n + 1: end + 1]), end)
         self._indexed = max(self._indexed, length - 1)
         for n in range(min(max_n, length - 1), min_n - 1, -1):
-            end = latest.get(tuple(token_ids[length - n:]))
+            end = first.get(tuple(token_ids[length - n:]))
             if end is not None:
                 return token_ids[end + 1: end + 1 + k]
         return []
