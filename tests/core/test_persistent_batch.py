@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig
+from jpaged.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from jpaged.core.sched import plan_builder, scheduler
 from jpaged.core.padding import table_width
 from jpaged.core.sequence import SamplingParams
@@ -19,7 +19,8 @@ VOCAB = 40
 
 
 class HashTokens:
-    """No model: each sampled token is a hash of (request, position), so stop tokens are hit."""
+    """No model: each sampled token is a hash of (request, position), so stop tokens are hit (and
+    drafts of the same request's earlier tokens are sometimes right)."""
 
     vocab_size = VOCAB
     num_compilations = 0
@@ -32,12 +33,23 @@ class HashTokens:
         rows = plan.sampling
         if rows is None:
             return ModelOutput(token_ids=[], logprobs=None, top_ids=None, top_logprobs=None, duration=1e-3)
-        tokens = [zlib.crc32(f"{s.group.request_id}/{len(s)}".encode()) % VOCAB for s in rows.seqs]
+        offsets = rows.spec_offsets or [0] * len(rows.seqs)  # (a verify step's row j samples position len + j)
+        tokens = [self.token(s.group.request_id, len(s) + j) for s, j in zip(rows.seqs, offsets)]
         return ModelOutput(token_ids=tokens, logprobs=np.full(len(tokens), -0.5, np.float32), top_ids=None,
                            top_logprobs=None, duration=1e-3)
 
+    def token(self, request_id: str, position: int) -> int:
+        return zlib.crc32(f"{request_id}/{position}".encode()) % VOCAB
+
     def now(self) -> float:
         return self.clock
+
+
+class PeriodicTokens(HashTokens):
+    """HashTokens repeating every 5 positions: prompt lookup's drafts are often right."""
+
+    def token(self, request_id: str, position: int) -> int:
+        return super().token(request_id, position % 5)
 
 
 class CheckSkippedStops(EngineObserver):
@@ -48,6 +60,8 @@ class CheckSkippedStops(EngineObserver):
         self.num_length_stops = 0  # rows those steps ended by length
         self.num_batch_steps = 0  # steps that ran the kept running batch alone
         self.num_mixed_steps = 0  # steps whose other rows (prompts) followed the batch's
+        self.num_steps_after_verify = 0  # steps that skipped the checks right after a verify step
+        self._verified = False  # the last step verified drafts (speculative decoding)
 
     def on_step_executed(self, engine, out, result, start, end):
         plan = out.plan
@@ -59,6 +73,7 @@ class CheckSkippedStops(EngineObserver):
                      else table_width(-(-longest // bm.block_size), store.max_blocks_per_seq))
             assert plan.block_tables.shape[1] == width
         rows = plan.sampling
+        after_verify, self._verified = self._verified, rows is not None and rows.spec_offsets is not None
         if rows is not None and out.batch is not None:  # the kept batch is what a rebuild would give
             scheduler = engine.scheduler
             # Its rows lead the step: the running sequences (partly prefilled groups aside) but those
@@ -89,6 +104,7 @@ class CheckSkippedStops(EngineObserver):
         if rows is None or rows.stop_tokens is None:
             return
         self.num_skipping_steps += 1
+        self.num_steps_after_verify += after_verify
         self.num_length_stops += len(rows.length_stops)
         for r, seq in enumerate(rows.seqs[: rows.num_batch_rows]):
             if r in rows.length_stops:  # this step's token ends it by length
@@ -98,13 +114,14 @@ class CheckSkippedStops(EngineObserver):
             assert seq.group.stop_set <= rows.stop_tokens
 
 
-def serve(policy, mode, block_size, num_blocks, observer=None):
+def serve(policy, mode, block_size, num_blocks, observer=None, speculative=None, executor=HashTokens):
     """Serves a fixed mix of requests (stop tokens, EOS, lengths) to the end; outputs by request id."""
     config = EngineConfig(cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_blocks,
                                             watermark=0.0, enable_prefix_caching=True),
                           scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=96,
-                                                    policy=policy, preemption_mode=mode), executor="sim")
-    engine = LLMEngine(config, executor=HashTokens(), eos_token_ids=[3])
+                                                    policy=policy, preemption_mode=mode), executor="sim",
+                          speculative=speculative or SpeculativeConfig())
+    engine = LLMEngine(config, executor=executor(), eos_token_ids=[3])
     if observer is not None:
         engine.observers.append(observer)
     rng = np.random.default_rng(0)
@@ -150,3 +167,15 @@ def test_skipped_stop_checks_change_nothing(policy, mode, block_size, num_blocks
     monkeypatch.setattr(scheduler, "batch_plan", without_batch_stops)  # (the scheduler's decode fast path)
     monkeypatch.setattr(plan_builder.PlanBuilder, "_sample_rows", mixed_without_batch_stops)  # (mixed steps)
     assert serve(policy, mode, block_size, num_blocks) == fast
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_the_batch_kept_through_verify_steps_counts_its_length_limits_again(mode):
+    # A verify step gives its sequences different numbers of tokens; the batch is kept, and the
+    # decode steps after it still name exactly the rows their token brings to the length limit.
+    # (The token depends on the request and position only: the same outputs as without.)
+    observer = CheckSkippedStops()
+    ngram = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    with_drafts = serve("paper", mode, 4, 40, observer, speculative=ngram, executor=PeriodicTokens)
+    assert observer.num_steps_after_verify > 0 and observer.num_length_stops > 0
+    assert with_drafts == serve("paper", mode, 4, 40, executor=PeriodicTokens)

@@ -33,7 +33,7 @@ class PersistentBatch:
     """Decoding sequences with what their steps share (see the module docstring)."""
 
     __slots__ = ("kv", "seqs", "token_lists", "stop_tokens", "num_steps", "cursor", "_index", "_rows",
-                 "_limits", "_next_limit", "_sampled", "_sampled_step", "_lists_out")
+                 "_limits", "_next_limit", "_recount", "_sampled", "_sampled_step", "_lists_out")
 
     def __init__(self, kv: KVCacheManager, seqs: Iterable[Sequence] = ()):
         self.kv = kv
@@ -54,6 +54,7 @@ class PersistentBatch:
         # event edits an entry or two, which costs less than on an array.)
         self._limits: list[int] = []
         self._next_limit = _NEVER
+        self._recount = False  # the sequences gained tokens unevenly: count `_limits` again at the next step
         # [n] the tokens sampled by the batch's step `_sampled_step` (see `sampled`).
         self._sampled: list[int] | None = None
         self._sampled_step = -1
@@ -134,6 +135,8 @@ class PersistentBatch:
             self.cursor = self.kv.decode_cursor(self._rows)
         arrays = self.cursor.step()
         if arrays is not None:
+            if self._recount:
+                self._recount_limits()
             self.num_steps += 1
         return arrays
 
@@ -143,11 +146,22 @@ class PersistentBatch:
             self.cursor = self.kv.decode_cursor(self._rows)
         return self.cursor.blocks_needed()
 
-    def advance(self) -> None:
+    def advance(self, uneven: bool = False) -> None:
         """Counts one more decode step of the whole batch, whose slots came another way
-        (`append_slots`: chunks or forks in the step); the cursor no longer holds."""
+        (`append_slots`: chunks or forks in the step); the cursor no longer holds. `uneven`: the
+        step gives its sequences different numbers of tokens (a verify step of speculative
+        decoding), so the next step counts their length limits again from their lengths."""
         self.num_steps += 1
         self.cursor = None
+        self._recount = self._recount or uneven
+
+    def _recount_limits(self) -> None:
+        """`_limits` from the sequences' lengths now, as `add` counts them (before the step that
+        starts is counted)."""
+        now = self.num_steps
+        self._limits = [now + seq.group.max_total_len - len(tokens) for seq, tokens in zip(self.seqs, self.token_lists)]
+        self._next_limit = min(self._limits, default=_NEVER)
+        self._recount = False
 
     def sampled(self, tokens: list[int]) -> None:
         """Records the tokens the current step sampled, one per sequence, all appended."""

@@ -52,30 +52,30 @@ def verify_plan(kv: KVCacheManager, seqs: list[Sequence], rows: np.ndarray, draf
     store = kv.rows
     counts = [1 + len(d) for d in drafts]
     n, total = len(seqs), sum(counts)
-    size_s = seq_bucket(total)
-    token_ids, positions, slot_mapping = np.zeros((3, token_bucket(total)), np.int32)
-    query_start_loc = np.full(size_s + 1, total, np.int32)
-    query_start_loc[0] = 0
-    np.cumsum(counts, out=query_start_loc[1: n + 1])
-    context_lens = np.zeros(size_s, np.int32)
-    context_lens[:n] = store.num_tokens.take(rows)  # (the slots just taken included)
-    every_position = arange(store.max_blocks_per_seq * kv.block_size)
+    size_t, size_s = token_bucket(total), seq_bucket(total)
+    ends = store.num_tokens.take(rows).tolist()  # each context after the step (the slots just taken included)
+    # Python lists first, then one array each: right after a model step has left the caches cold,
+    # every numpy call costs several microseconds (a cumsum with `out=` took 20).
+    tokens, token_positions, starts = [], [], [0]
     sample_seqs: list[Sequence] = []
     offsets: list[int] = []
     checked: list[int] = []
-    for seq, draft, start, end, count in zip(seqs, drafts, query_start_loc[:n].tolist(), context_lens[:n].tolist(),
-                                             counts):
-        token_ids[start] = seq.token_ids[-1]
-        token_ids[start + 1: start + count] = draft
-        positions[start: start + count] = every_position[end - count: end]
+    for seq, draft, end, count in zip(seqs, drafts, ends, counts):
+        tokens.append(seq.token_ids[-1])
+        tokens += draft
+        token_positions += range(end - count, end)
+        starts.append(starts[-1] + count)
         sample_seqs += [seq] * count
         offsets += range(count)
         checked += draft + [-1]
-    slot_mapping[:total] = slots
+    pad = [0] * (size_t - total)
+    token_ids, positions, slot_mapping = np.array([tokens + pad, token_positions + pad, slots.tolist() + pad],
+                                                     np.int32)
+    query_start_loc = np.array(starts + [total] * (size_s - n), np.int32)
+    context_lens = np.array(ends + [0] * (size_s - n), np.int32)
     block_tables = np.zeros((size_s, store.max_blocks_per_seq), np.int32)
     block_tables[:n] = store.block_tables.take(rows, axis=0)
-    logits_indices = np.zeros(size_s, np.int32)
-    logits_indices[:total] = np.arange(total)
+    logits_indices = np.array([*range(total)] + [0] * (size_s - total), np.int32)
     sampling = SampleRows(seqs=sample_seqs, logits_rows=logits_indices[:total], indices=None, num_top=0,
                           is_plain=False, first_token_groups=[], spec_offsets=offsets, spec_drafts=checked)
     return StepPlan(num_seqs=n, num_tokens=total, max_query_len=max(counts), token_ids=token_ids,

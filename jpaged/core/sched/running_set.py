@@ -95,8 +95,7 @@ class RunningSet:
 
     def rebuild(self) -> None:
         """The batch is rebuilt at the next step: a running sequence forked (rows keep group
-        order), or its sequences gained tokens otherwise than one a step (a verify step of
-        speculative decoding)."""
+        order)."""
         self._batch = None
 
     # ------------------------------------------------------------------ the decode batch

@@ -298,9 +298,7 @@ class Scheduler:
         appended = self.block_manager.append_slots(rows, np.array([1 + len(d) for d in drafts], np.int64))
         if appended is None:
             return None
-        batch.advance()
-        # Its sequences gain up to k + 1 tokens: the kept batch's length limits count one a step.
-        running_set.rebuild()
+        batch.advance(uneven=True)  # (its sequences gain up to k + 1 tokens each)
         plan = verify_plan(self.block_manager, list(batch.seqs), rows, drafts, *appended)
         if catch_up is not None:
             plan.draft_catchup = catch_up.apply(self.block_manager)
