@@ -1,4 +1,5 @@
-"""The per-layer weight layout (CPU default) computes exactly what the stacked, scanned layout does."""
+"""The per-layer weight layout (CPU default) computes what the stacked, scanned layout does: the
+same tokens, the same logits and cache to the last bits."""
 
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def test_per_layer_and_stacked_weights_give_identical_logits_tokens_and_cache(na
     logits_a, tokens_a, pool_a = _prefill_then_decode(stacked, spec)
     logits_b, tokens_b, pool_b = _prefill_then_decode(per_layer, spec)
     assert tokens_a == tokens_b
-    # Same ops on the same values, only the weights' buffers differ: bit for bit (measured on CPU).
+    # Same ops on the same values, only the weights' buffers differ: bit for bit on CPU with jax
+    # 0.10-0.12.0. jax 0.12.1's XLA:CPU compiles the scanned LLaMA layer differently, moving the
+    # last bits (up to 1.5e-7 in logits and cache values of magnitude 0.5; OPT still bit for bit).
     for a, b in zip(logits_a + pool_a, logits_b + pool_b):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 def test_unstack_layers_slices_every_leaf_per_layer():
